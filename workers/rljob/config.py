@@ -1,0 +1,304 @@
+"""The RLJob API: one pydantic model that is the single source of truth.
+
+The CRD in `crds/` is generated from these classes (`rljob_operator.crd`), the operator renders
+children from them, and the workers read the same model back from the job ConfigMap. Field names
+are camelCase aliases so the YAML a user writes is what Kubernetes users expect, while Python code
+uses snake_case. This module imports nothing heavy: both images load it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+API_GROUP = "rljob.dev"
+API_VERSION = "v1alpha1"
+KIND = "RLJob"
+PLURAL = "rljobs"
+SINGULAR = "rljob"
+SHORT_NAMES = ["rlj"]
+
+
+class ApiModel(BaseModel):
+    """Base: camelCase on the wire, unknown fields refused so typos fail loudly."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True
+    )
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    """A CEL validation rule for the CRD (`x-kubernetes-validations`)."""
+    entry = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+class ModelSpec(ApiModel):
+    """Which policy model to train."""
+
+    name: str = Field(
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        min_length=1,
+        description="Hub name or local path of the policy model (a directory, or a .gguf file).",
+    )
+    gguf_file: str | None = Field(
+        None, description="GGUF file name inside `name` when the model ships as GGUF (dequantised on load)."
+    )
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="Dtype the rollout engine serves the weights in."
+    )
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
+
+
+class DataSpec(ApiModel):
+    """Where questions and the retrieval corpus come from (HotpotQA layout)."""
+
+    source: Literal["path", "hub"] = Field(
+        "path", description="`path`: JSON or JSON Lines files on a volume; `hub`: a dataset on the hub."
+    )
+    train_path: str = Field(
+        "/data/hotpotqa/train.jsonl", min_length=1, description="Training questions (path or hub split)."
+    )
+    eval_path: str = Field(
+        "/data/hotpotqa/dev.jsonl", min_length=1, description="Held-out questions, never trained on."
+    )
+    corpus_from: Literal["train", "train+eval"] = Field(
+        "train+eval",
+        description="Which questions' context paragraphs form the BM25 corpus (one passage per title).",
+    )
+    max_train_questions: int | None = Field(None, ge=1, description="Use only the first N train questions.")
+    seed: int = Field(0, ge=0, description="Seed for shuffling the training questions.")
+
+
+class AgentSpec(ApiModel):
+    """The Search-R1 style multi-turn protocol."""
+
+    max_turns: int = Field(4, ge=1, le=16, description="Most model turns per question (searches + answer).")
+    top_k: int = Field(3, ge=1, le=20, description="Passages returned per search.")
+    max_new_tokens_per_turn: int = Field(64, ge=8, le=4096, description="Token budget of one model turn.")
+    max_total_tokens: int = Field(
+        1024, ge=64, le=32768, description="Budget for the whole trajectory, prompt included."
+    )
+    passage_max_words: int = Field(60, ge=8, le=1000, description="Passages are cut to this many words.")
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature for rollouts.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold for rollouts.")
+    format_reward: float = Field(
+        0.0, ge=0.0, le=1.0, description="Bonus for a well-formed answer tag (0 disables it)."
+    )
+    search_reward: float = Field(0.0, ge=0.0, le=1.0, description="Bonus for making at least one search.")
+    reward: Literal["em", "f1"] = Field("em", description="Main reward: exact match or token F1.")
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.maxNewTokensPerTurn < self.maxTotalTokens",
+                    "maxNewTokensPerTurn must be smaller than maxTotalTokens",
+                )
+            ]
+        }
+    )
+
+
+class GRPOSpec(ApiModel):
+    """GRPO hyper-parameters (names follow TRL's GRPOConfig where they overlap)."""
+
+    group_size: int = Field(8, ge=2, le=256, description="Samples per question (G); advantages are group-relative.")
+    questions_per_step: int = Field(4, ge=1, le=4096, description="Questions per optimiser step (B).")
+    learning_rate: float = Field(1e-6, gt=0.0, le=1.0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
+    kl_coef: float = Field(0.0, ge=0.0, le=10.0, description="KL penalty to the frozen reference (k3 estimator).")
+    clip_epsilon: float = Field(0.2, gt=0.0, le=1.0, description="PPO-style clip range of the ratio.")
+    entropy_coef: float = Field(0.0, ge=0.0, le=1.0, description="Entropy bonus coefficient.")
+    scale_rewards: bool = Field(True, description="Divide advantages by the group's std.")
+    loss_aggregation: Literal["token-mean", "sequence-mean"] = Field(
+        "token-mean", description="How per-token losses are averaged."
+    )
+    micro_batch_size: int = Field(8, ge=1, le=4096, description="Sequences per forward/backward pass.")
+    epochs: int = Field(1, ge=1, le=16, description="Passes over each step's batch.")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
+    total_steps: int = Field(100, ge=1, le=10_000_000, description="Optimiser steps before the job succeeds.")
+    max_policy_lag: int = Field(
+        0, ge=0, le=16, description="Samples may come from policies at most this many versions old (0: synchronous)."
+    )
+    importance_ratio_cap: float = Field(
+        2.0, ge=1.0, le=100.0, description="Truncation of the behaviour-policy importance weight when lagging."
+    )
+    gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
+    checkpoint_interval: int = Field(10, ge=1, description="Steps between trainer checkpoints.")
+    seed: int = Field(0, ge=0, description="Trainer seed.")
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.microBatchSize <= self.groupSize * self.questionsPerStep",
+                    "microBatchSize must not exceed groupSize * questionsPerStep",
+                )
+            ]
+        }
+    )
+
+
+class ResourceSpec(ApiModel):
+    """Per-pod resources; GPUs are requested as `nvidia.com/gpu`."""
+
+    cpu: str = Field("1", pattern=r"^[0-9]+(\.[0-9]+)?m?$", description="CPU request and limit.")
+    memory: str = Field("4Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti)?$", description="Memory request and limit.")
+    gpus: int = Field(0, ge=0, le=64, description="GPUs per pod (nvidia.com/gpu).")
+
+
+class RolloutSpec(ApiModel):
+    """The autoscaled rollout Deployment."""
+
+    image: str = Field("ghcr.io/rljob/rljob-workers:0.1.0", min_length=1, description="Worker image.")
+    engine: Literal["vllm", "hf"] = Field("hf", description="Generation engine: vLLM on GPUs, transformers elsewhere.")
+    min_replicas: int = Field(1, ge=0, le=1000, description="Fewest rollout workers.")
+    max_replicas: int = Field(4, ge=1, le=1000, description="Most rollout workers.")
+    pending_per_replica: int = Field(
+        8, ge=1, le=100_000, description="Pending prompts one worker should carry; the autoscaling target."
+    )
+    autoscaler: Literal["operator", "keda"] = Field(
+        "operator", description="`operator`: built-in timer on stream lag; `keda`: a KEDA ScaledObject."
+    )
+    scale_down_cooldown_seconds: int = Field(60, ge=0, le=86400, description="Wait before scaling down again.")
+    batch_size: int = Field(4, ge=1, le=4096, description="Prompts a worker takes at once.")
+    resources: ResourceSpec = Field(default_factory=ResourceSpec)
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("self.minReplicas <= self.maxReplicas", "minReplicas must be <= maxReplicas", ".minReplicas")
+            ]
+        }
+    )
+
+
+class TrainerSpec(ApiModel):
+    """The all-or-nothing trainer gang."""
+
+    image: str = Field("ghcr.io/rljob/rljob-workers:0.1.0", min_length=1, description="Trainer image.")
+    replicas: int = Field(1, ge=1, le=1024, description="Trainer pods; all start or none do.")
+    resources: ResourceSpec = Field(default_factory=ResourceSpec)
+    gang_provider: Literal["workload", "volcano", "coscheduling", "none"] = Field(
+        "workload",
+        description="Gang scheduler: Kubernetes' Workload API, Volcano, scheduler-plugins coscheduling, or none.",
+    )
+    schedule_timeout_seconds: int = Field(
+        600, ge=10, le=86400, description="How long the gang may wait to be scheduled before the job fails."
+    )
+    checkpoint_volume_claim: str | None = Field(
+        None, description="PersistentVolumeClaim for checkpoints; an emptyDir (lost on restart) when unset."
+    )
+
+
+class RedisSpec(ApiModel):
+    """Managed Redis for the job, or an external one."""
+
+    external_url: str | None = Field(
+        None, pattern=r"^rediss?://", description="Use this Redis instead of a managed one (password from a Secret)."
+    )
+    password_secret: str | None = Field(
+        None, description="Secret (key `password`) holding the external Redis password."
+    )
+    image: str = Field("redis:7.4-alpine", description="Managed Redis image.")
+    memory: str = Field("2Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$", description="Managed Redis memory limit.")
+    persistence: bool = Field(True, description="Append-only file on a PersistentVolumeClaim.")
+    storage: str = Field("10Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$", description="Size of the persistence volume.")
+
+
+class WeightSyncSpec(ApiModel):
+    """How new policy versions reach the rollout workers."""
+
+    mode: Literal["delta", "full"] = Field("delta", description="`delta`: changed bf16 values only; `full`: every version whole.")
+    rebase_interval: int = Field(20, ge=1, le=10_000, description="Write a new full export every K versions.")
+    rebase_fraction: float = Field(
+        0.5, gt=0.0, le=4.0, description="Rebase when the delta chain since the last full exceeds this fraction of it."
+    )
+    chunk_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024, description="Largest Redis value written (bytes)."
+    )
+    redis: RedisSpec = Field(default_factory=RedisSpec)
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.redis) || !has(self.redis.externalUrl) || has(self.redis.passwordSecret)",
+                    "an external Redis needs passwordSecret",
+                    ".redis",
+                )
+            ]
+        }
+    )
+
+
+class EvalSpec(ApiModel):
+    """Periodic greedy evaluation on held-out questions."""
+
+    interval: int = Field(10, ge=0, description="Steps between evaluations (0 disables them).")
+    questions: int = Field(100, ge=1, le=100_000, description="Held-out questions per evaluation.")
+
+
+class RLJobSpec(ApiModel):
+    """Desired state of an RL training job."""
+
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    data: DataSpec = Field(default_factory=DataSpec)
+    agent: AgentSpec = Field(default_factory=AgentSpec)
+    grpo: GRPOSpec = Field(default_factory=GRPOSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    suspend: bool = Field(False, description="Delete pods but keep state; resume by setting false.")
+    restart_limit: int = Field(3, ge=0, le=1000, description="Gang restarts allowed before the job fails.")
+    ttl_seconds_after_finished: int | None = Field(
+        None, ge=0, description="Delete the job this long after it succeeds or fails."
+    )
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> RLJobSpec:
+        # Mirrors the CEL rules so a local run refuses the same specs the API server would.
+        if self.rollout.min_replicas > self.rollout.max_replicas:
+            raise ValueError("rollout.minReplicas must be <= rollout.maxReplicas")
+        if self.agent.max_new_tokens_per_turn >= self.agent.max_total_tokens:
+            raise ValueError("agent.maxNewTokensPerTurn must be smaller than agent.maxTotalTokens")
+        if self.grpo.micro_batch_size > self.grpo.group_size * self.grpo.questions_per_step:
+            raise ValueError("grpo.microBatchSize must not exceed groupSize * questionsPerStep")
+        if self.weight_sync.redis.external_url and not self.weight_sync.redis.password_secret:
+            raise ValueError("weightSync.redis.externalUrl needs weightSync.redis.passwordSecret")
+        return self
+
+
+class ObjectMeta(ApiModel):
+    """The part of metadata the workers need."""
+
+    model_config = ConfigDict(extra="ignore", alias_generator=to_camel, populate_by_name=True)
+    name: str = "local"
+    namespace: str = "default"
+
+
+class RLJob(ApiModel):
+    """A whole RLJob manifest (what `kubectl apply -f` and `rljob run` read)."""
+
+    model_config = ConfigDict(extra="ignore", alias_generator=to_camel, populate_by_name=True)
+    api_version: str = f"{API_GROUP}/{API_VERSION}"
+    kind: Literal["RLJob"] = KIND
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: RLJobSpec = Field(default_factory=RLJobSpec)
+
+
+def load_rljob(path: str) -> RLJob:
+    """Read an RLJob manifest from a YAML file (the first document whose kind is RLJob)."""
+    import yaml
+
+    with open(path, encoding="utf-8") as fh:
+        for doc in yaml.safe_load_all(fh):
+            if isinstance(doc, dict) and doc.get("kind") == KIND:
+                return RLJob.model_validate(doc)
+    raise ValueError(f"{path}: no document with kind: {KIND}")

@@ -1,0 +1,80 @@
+"""The Redis key space of one job, in one place.
+
+Every key lives under `rljob:{namespace}/{name}:` so jobs sharing a Redis never collide. The
+braces also make it a Redis Cluster hash tag, keeping one job's keys on one shard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROLLOUT_GROUP = "rollout"  # consumer group on the prompt stream; its lag drives autoscaling
+TRAINER_GROUP = "trainer"  # consumer group on the trajectory stream
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    namespace: str
+    name: str
+
+    @property
+    def prefix(self) -> str:
+        return f"rljob:{{{self.namespace}/{self.name}}}:"
+
+    @property
+    def prompts(self) -> str:
+        """Stream of prompt requests (one entry = one question to sample G times)."""
+        return self.prefix + "prompts"
+
+    @property
+    def trajectories(self) -> str:
+        """Stream of finished trajectory groups."""
+        return self.prefix + "trajectories"
+
+    @property
+    def eval_prompts(self) -> str:
+        return self.prefix + "eval:prompts"
+
+    @property
+    def eval_results(self) -> str:
+        return self.prefix + "eval:results"
+
+    @property
+    def metrics(self) -> str:
+        """Hash of the latest trainer metrics, read by the operator into RLJob status."""
+        return self.prefix + "metrics"
+
+    @property
+    def metrics_log(self) -> str:
+        """Stream of per-step metrics (the history behind the hash)."""
+        return self.prefix + "metrics:log"
+
+    @property
+    def weights_latest(self) -> str:
+        return self.prefix + "weights:latest"
+
+    @property
+    def weights_versions(self) -> str:
+        """Sorted set of retained versions (score = version)."""
+        return self.prefix + "weights:versions"
+
+    @property
+    def weights_events(self) -> str:
+        """Pub/sub channel announcing each new version."""
+        return self.prefix + "weights:events"
+
+    def weights_manifest(self, version: int) -> str:
+        return f"{self.prefix}weights:v{version}:manifest"
+
+    def weights_chunk(self, version: int, index: int) -> str:
+        return f"{self.prefix}weights:v{version}:chunk:{index}"
+
+    @property
+    def workers(self) -> str:
+        """Hash worker-id -> heartbeat JSON (busy flag, weight version)."""
+        return self.prefix + "workers"
+
+    @property
+    def control(self) -> str:
+        """Hash of control flags (e.g. `done` when training finished)."""
+        return self.prefix + "control"

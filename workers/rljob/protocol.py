@@ -1,0 +1,74 @@
+"""Messages that cross process boundaries through Redis streams.
+
+The trainer puts `PromptRequest`s on the prompt stream; rollout workers answer each with one
+`TrajectoryGroup` (G samples of the same question) on the trajectory stream. Each entry holds a
+single field `data` with the model's JSON.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class PromptRequest(BaseModel):
+    """One question to be sampled `group_size` times."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str = Field(description="Unique per (step, question); dedupes redeliveries.")
+    step: int = Field(ge=0, description="Trainer step this prompt is for (eval prompts use -1).")
+    question_id: str
+    question: str
+    answers: list[str] = Field(description="Gold answers; any match counts.")
+    group_size: int = Field(ge=1)
+    min_policy_version: int = Field(
+        0, ge=0, description="Workers must have at least this weight version loaded before sampling."
+    )
+    greedy: bool = Field(False, description="Eval prompts decode greedily.")
+
+
+class Trajectory(BaseModel):
+    """One multi-turn episode, ready for the loss."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    token_ids: list[int] = Field(description="Prompt and every turn, model and injected tokens alike.")
+    prompt_length: int = Field(ge=0, description="Tokens of the initial prompt (never trained on).")
+    loss_mask: list[int] = Field(
+        description="1 for tokens the policy generated, 0 for prompt and injected (retrieved) tokens."
+    )
+    behaviour_logprobs: list[float] = Field(
+        description="Log-prob under the behaviour policy for each token (0.0 where loss_mask is 0)."
+    )
+    policy_version: int = Field(ge=0)
+    searches: list[str] = Field(default_factory=list)
+    answer: str | None = None
+    reward: float = 0.0
+    exact_match: float = 0.0
+    f1: float = 0.0
+    format_ok: bool = False
+    num_turns: int = 0
+    finish_reason: str = ""
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Trajectory:
+        n = len(self.token_ids)
+        if len(self.loss_mask) != n or len(self.behaviour_logprobs) != n:
+            raise ValueError(
+                f"token_ids ({n}), loss_mask ({len(self.loss_mask)}) and behaviour_logprobs "
+                f"({len(self.behaviour_logprobs)}) must have equal length"
+            )
+        return self
+
+
+class TrajectoryGroup(BaseModel):
+    """All samples of one prompt request; the unit of group-relative advantages."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str
+    step: int
+    question_id: str
+    worker_id: str
+    trajectories: list[Trajectory]
+    generation_seconds: float = 0.0
