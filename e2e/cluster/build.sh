@@ -56,5 +56,18 @@ for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
   helm_ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$minor"
 done
 build helm helm helm.sh/helm/v3/cmd/helm "$helm_ldflags"
+
+# kwok's own fast stages (node init + heartbeat, pod ready + delete) from the pinned module. Pods
+# stay Running: pod-complete is left out so tests decide when a Job's pods finish.
+if [[ ! -s "$bin_dir/kwok-stages.yaml" ]]; then
+  kwok_dir="$(cd "$here/gomod/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
+  {
+    for f in node/fast/node-initialize.yaml node/heartbeat/node-heartbeat.yaml pod/fast/pod-ready.yaml pod/fast/pod-delete.yaml; do
+      echo "---"; cat "$kwok_dir/kustomize/stage/$f"
+    done
+  } > "$bin_dir/kwok-stages.yaml.tmp"
+  mv "$bin_dir/kwok-stages.yaml.tmp" "$bin_dir/kwok-stages.yaml"
+  log "kwok stages written"
+fi
 log "all binaries ready in $((SECONDS - total_start))s"
 echo "$bin_dir"

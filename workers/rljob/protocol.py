@@ -72,3 +72,44 @@ class TrajectoryGroup(BaseModel):
     worker_id: str
     trajectories: list[Trajectory]
     generation_seconds: float = 0.0
+
+
+class TrainerMetrics(BaseModel):
+    """What the trainer writes to the job's metrics hash after each step (the operator reads it).
+
+    Stored as a Redis hash of strings; `to_redis` / `from_redis` convert. Eval fields stay at their
+    last values between evaluations.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    state: str = Field("running", description="running | succeeded | failed")
+    step: int = 0
+    total_steps: int = 0
+    policy_version: int = 0
+    mean_reward: float = 0.0
+    exact_match: float = 0.0
+    f1: float = 0.0
+    format_rate: float = 0.0
+    searches_per_question: float = 0.0
+    step_seconds: float = 0.0
+    wait_seconds: float = 0.0
+    train_seconds: float = 0.0
+    dropped_stale: int = 0
+    weight_bytes: int = 0
+    eval_step: int = -1
+    eval_exact_match: float | None = None
+    eval_f1: float | None = None
+    message: str = ""
+    updated_at: float = 0.0
+
+    def to_redis(self) -> dict[str, str]:
+        return {k: ("" if v is None else str(v)) for k, v in self.model_dump().items()}
+
+    @classmethod
+    def from_redis(cls, raw: dict[bytes | str, bytes | str]) -> TrainerMetrics:
+        decoded = {
+            (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+            for k, v in raw.items()
+        }
+        return cls.model_validate({k: (None if v == "" else v) for k, v in decoded.items()})

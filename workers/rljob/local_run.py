@@ -1,0 +1,146 @@
+"""`rljob run FILE --local`: the cluster's job on one machine, through the pods' own code paths.
+
+An embedded redis-server stands in for the managed one; rollout workers and trainer ranks are
+child processes started with exactly the environment the operator renders into pods
+(`rljob rollout`, `rljob train`). Every child is stopped on success, on error and on Ctrl-C, and
+nothing outlives this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from rljob.config import RLJob
+from rljob.embedded_redis import EmbeddedRedis, free_port
+from rljob.runtime_env import WorkerEnv
+
+
+class LocalRunFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path | None = None
+
+    def tail(self, chars: int = 3000) -> str:
+        if self.log_path and self.log_path.exists():
+            return self.log_path.read_text(errors="replace")[-chars:]
+        return ""
+
+
+@dataclass
+class LocalRun:
+    job: RLJob
+    results_dir: Path
+    rollout_workers: int = 1
+    children: list[Child] = field(default_factory=list)
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str], to_console: bool) -> Child:
+        log_path = None if to_console else self.results_dir / "logs" / f"{name}.log"
+        if log_path:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            out = open(log_path, "wb")  # noqa: SIM115 - handed to the child
+        else:
+            out = None
+        process = subprocess.Popen(
+            [sys.executable, "-m", "rljob.cli", *args], env={**os.environ, **env},
+            stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True,
+        )  # fmt: skip
+        if out:
+            out.close()
+        child = Child(name, process, log_path)
+        self.children.append(child)
+        return child
+
+    def run(self) -> int:
+        """Run to completion; returns the trainer's exit code (0 on success)."""
+        self.results_dir.mkdir(parents=True, exist_ok=True)
+        config_path = self.results_dir / "job.yaml"
+        config_path.write_text(yaml.safe_dump(self.job.model_dump(by_alias=True, mode="json"), sort_keys=False))
+        redis = EmbeddedRedis(self.results_dir / "redis", appendonly=True, password=secrets.token_hex(16))
+        redis.start()
+        print(f"[rljob] embedded redis-server on 127.0.0.1:{redis.port}; results in {self.results_dir}", flush=True)
+        base = WorkerEnv(
+            config_path=str(config_path), redis_url=f"redis://127.0.0.1:{redis.port}/0",
+            redis_password=redis.password, checkpoint_dir=str(self.results_dir / "checkpoints"),
+            results_dir=str(self.results_dir), worker_id="local",
+        )  # fmt: skip
+        previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+        try:
+            for i in range(self.rollout_workers):
+                env = base.model_copy(update={"worker_id": f"rollout-{i}"}).to_environ()
+                self._spawn(f"rollout-{i}", ["rollout"], env, to_console=False)
+            world = self.job.spec.trainer.replicas
+            port = free_port()
+            trainers = []
+            for rank in range(world):
+                env = base.model_copy(update={"worker_id": f"trainer-{rank}"}).to_environ()
+                env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank))
+                trainers.append(self._spawn(f"trainer-{rank}", ["train"], env, to_console=rank == 0))
+            return self._supervise(trainers)
+        except KeyboardInterrupt:
+            print("\n[rljob] interrupted: stopping workers and trainers", file=sys.stderr, flush=True)
+            return 130
+        finally:
+            self.stop_children()
+            redis.stop()
+            signal.signal(signal.SIGTERM, previous)
+
+    def _supervise(self, trainers: list[Child]) -> int:
+        while True:
+            for child in self.children:
+                code = child.process.poll()
+                if code is None:
+                    continue
+                if child in trainers and code == 0 and all(t.process.poll() == 0 for t in trainers):
+                    return 0
+                if child in trainers and code == 0:
+                    continue
+                where = f" (log: {child.log_path})" if child.log_path else ""
+                raise LocalRunFailed(f"{child.name} exited with code {code}{where}\n{child.tail()}")
+            time.sleep(0.5)
+
+    def stop_children(self, grace: float = 20.0) -> None:
+        for child in self.children:
+            if child.process.poll() is None:
+                os.killpg(child.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for child in self.children:
+            try:
+                child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(child.process.pid, signal.SIGKILL)
+                child.process.wait(timeout=10)
+
+
+def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def summarise(results_dir: Path) -> dict[str, object]:
+    """Read the trainer's metrics.jsonl and eval files into a short summary."""
+    summary: dict[str, object] = {"results_dir": str(results_dir)}
+    metrics_path = results_dir / "metrics.jsonl"
+    if metrics_path.exists():
+        rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+        summary["steps"] = len(rows)
+        if rows:
+            summary["last"] = rows[-1]
+    for name in ("eval_before.json", "eval_after.json"):
+        path = results_dir / name
+        if path.exists():
+            summary[name.removesuffix(".json")] = json.loads(path.read_text())
+    return summary

@@ -1,0 +1,71 @@
+"""PNG plots of a run's metrics.jsonl: reward, eval EM/F1, step time split, weight bytes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def load_metrics(results_dir: Path) -> list[dict]:
+    path = Path(results_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_run(results_dir: Path) -> list[Path]:
+    """Write one PNG per panel next to metrics.jsonl; returns the paths written."""
+    rows = load_metrics(results_dir)
+    if not rows:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in rows]
+    written: list[Path] = []
+
+    def save(fig, name: str) -> None:
+        path = Path(results_dir) / name
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, [r.get("mean_reward", 0.0) for r in rows], label="mean reward")
+    ax.plot(steps, [r.get("exact_match", 0.0) for r in rows], label="train EM")
+    ax.set_xlabel("step")
+    ax.legend()
+    ax.set_title("reward")
+    save(fig, "reward.png")
+
+    evals = [r for r in rows if r.get("eval_exact_match") is not None and r.get("eval_step") == r["step"]]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if evals:
+        ax.plot([r["step"] for r in evals], [r["eval_exact_match"] for r in evals], "o-", label="eval EM")
+        ax.plot([r["step"] for r in evals], [r["eval_f1"] for r in evals], "s-", label="eval F1")
+        ax.legend()
+    ax.set_xlabel("step")
+    ax.set_title("held-out evaluation")
+    save(fig, "eval.png")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    wait = [r.get("wait_seconds", 0.0) for r in rows]
+    train = [r.get("train_seconds", 0.0) for r in rows]
+    ax.bar(steps, wait, label="waiting for rollouts")
+    ax.bar(steps, train, bottom=wait, label="training + publish")
+    ax.set_xlabel("step")
+    ax.set_ylabel("seconds")
+    ax.legend()
+    ax.set_title("step time")
+    save(fig, "step_time.png")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.semilogy(steps, [max(1, r.get("weight_bytes", 0)) for r in rows], "o-")
+    ax.set_xlabel("step")
+    ax.set_ylabel("bytes published")
+    ax.set_title("weight bytes per step")
+    save(fig, "weight_bytes.png")
+    return written

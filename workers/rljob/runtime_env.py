@@ -1,0 +1,96 @@
+"""What a worker process learns from its environment: the contract between pods and code.
+
+The operator renders these variables into the rollout Deployment and the trainer gang; the local
+runtime sets the same ones for its child processes, so both paths run the same code.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from pydantic import BaseModel, Field
+
+from rljob.assets import hotpotqa_dir, smollm2_gguf
+from rljob.config import RLJob, load_rljob
+
+BUNDLED_MODEL = "bundled:smollm2-135m-instruct"
+
+
+class WorkerEnv(BaseModel):
+    """Process settings shared by `rljob rollout` and `rljob train`."""
+
+    config_path: str = Field(description="The RLJob manifest (the job ConfigMap's job.yaml).")
+    redis_url: str = Field(description="Redis URL without the password.")
+    redis_password: str | None = None
+    checkpoint_dir: str = "/checkpoints"
+    results_dir: str | None = None
+    worker_id: str = Field(default_factory=socket.gethostname)
+
+    @classmethod
+    def from_environ(cls, environ: dict[str, str] | None = None) -> WorkerEnv:
+        env = os.environ if environ is None else environ
+        missing = [k for k in ("RLJOB_CONFIG", "RLJOB_REDIS_URL") if not env.get(k)]
+        if missing:
+            raise SystemExit(f"missing environment variable(s): {', '.join(missing)}")
+        return cls(
+            config_path=env["RLJOB_CONFIG"],
+            redis_url=env["RLJOB_REDIS_URL"],
+            redis_password=env.get("RLJOB_REDIS_PASSWORD") or None,
+            checkpoint_dir=env.get("RLJOB_CHECKPOINT_DIR", "/checkpoints"),
+            results_dir=env.get("RLJOB_RESULTS_DIR") or None,
+            worker_id=env.get("RLJOB_WORKER_ID") or env.get("HOSTNAME") or socket.gethostname(),
+        )
+
+    def to_environ(self) -> dict[str, str]:
+        env = {
+            "RLJOB_CONFIG": self.config_path,
+            "RLJOB_REDIS_URL": self.redis_url,
+            "RLJOB_CHECKPOINT_DIR": self.checkpoint_dir,
+            "RLJOB_WORKER_ID": self.worker_id,
+        }
+        if self.redis_password:
+            env["RLJOB_REDIS_PASSWORD"] = self.redis_password
+        if self.results_dir:
+            env["RLJOB_RESULTS_DIR"] = self.results_dir
+        return env
+
+    @property
+    def authenticated_redis_url(self) -> str:
+        """The URL with the password in it; never log this."""
+        if not self.redis_password:
+            return self.redis_url
+        parts = urlsplit(self.redis_url)
+        netloc = f":{quote(self.redis_password, safe='')}@{parts.hostname}:{parts.port or 6379}"
+        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+    def load_job(self) -> RLJob:
+        return resolve_bundled(load_rljob(self.config_path))
+
+
+def resolve_bundled(job: RLJob) -> RLJob:
+    """Turn `bundled:` model names and relative bundled data paths into real paths.
+
+    A manifest for a local run says `model.name: bundled:smollm2-135m-instruct` and
+    `data.source: path` with paths like `bundled:train.jsonl`; in a cluster the same fields hold a
+    hub name and volume paths, which pass through unchanged.
+    """
+    spec = job.spec.model_copy(deep=True)
+    if spec.model.name == BUNDLED_MODEL:
+        gguf = smollm2_gguf()
+        spec.model.name, spec.model.gguf_file = str(gguf.parent), gguf.name
+    for attr in ("train_path", "eval_path"):
+        value = getattr(spec.data, attr)
+        if value.startswith("bundled:"):
+            path = hotpotqa_dir() / value.removeprefix("bundled:")
+            if not path.exists():
+                raise FileNotFoundError(f"spec.data.{attr}: {path} does not exist")
+            setattr(spec.data, attr, str(path))
+        elif spec.data.source == "path" and not Path(value).exists():
+            raise FileNotFoundError(
+                f"spec.data.{attr}: {value} does not exist (pass a path to HotpotQA JSON/JSONL, or "
+                "use bundled:train.jsonl / bundled:dev.jsonl for the sample in RLJOB_DATA_DIR)"
+            )
+    return job.model_copy(update={"spec": spec})
