@@ -70,6 +70,16 @@ class JobKeys:
         return f"{self.prefix}weights:v{version}:chunk:{index}"
 
     @property
+    def weights_rebase(self) -> str:
+        """Set by a reader that cannot apply a stored version (corrupt/lost chunk): publish a full next."""
+        return self.prefix + "weights:rebase"
+
+    @property
+    def rollout_done(self) -> str:
+        """Set of prompt request ids whose group is already published (dedupes redeliveries)."""
+        return self.prefix + "rollout:done"
+
+    @property
     def workers(self) -> str:
         """Hash worker-id -> heartbeat JSON (busy flag, weight version)."""
         return self.prefix + "workers"

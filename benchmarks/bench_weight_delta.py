@@ -1,0 +1,369 @@
+"""Weight sync through Redis: bf16 deltas vs full safetensors exports, on SmolLM2-135M-Instruct.
+
+Two workloads, both through the real store (`WeightPublisher` / `WeightReader`) and a real
+redis-server on loopback (no AOF, so disk speed does not enter the numbers):
+
+1. real optimizer steps: fp32 master weights, AdamW at lr 1e-6, on a language-model loss over
+   random tokens (a stand-in for the GRPO gradient: same optimizer, same update sizes, no rollouts);
+2. a synthetic sweep of change density (0.1% .. 10%) on the model's own bf16 weights, each changed
+   value moved by 1 ulp (80%) or 2 ulp (20%) up or down, as small-lr updates do.
+
+For each version: changed fraction, bytes per changed value, delta size as % of the full bf16
+size, encode and decode+apply throughput (one thread), and publish-to-applied latency with 1 and
+4 readers, beside (a) a full safetensors sync through the same store and (b) the plain coding of
+an int32 position and a bf16 value per change (6 bytes). Progress on stdout; the JSON summary is
+the last line. Readers run as threads of this process (numpy releases the GIL for the heavy work).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from rljob.embedded_redis import EmbeddedRedis
+from rljob.keys import JobKeys
+from rljob.weights import EncodedDelta, WeightPublisher, WeightReader, apply_delta, store
+from rljob.weights.checksum import bf16_bits, tensor_checksum
+from rljob.weights.encoding import encode_delta, from_ordered, to_ordered
+
+DENSITIES = [0.001, 0.005, 0.01, 0.03, 0.10]
+PLAIN_BYTES_PER_CHANGE = 6  # int32 position + bf16 value
+CHUNK_BYTES = 16 * 1024 * 1024
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def load_model() -> torch.nn.Module:
+    from rljob.assets import smollm2_gguf
+    from transformers import AutoModelForCausalLM
+
+    path = smollm2_gguf()
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, torch_dtype=torch.float32)
+    return model.train()
+
+
+def bf16_shadow(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: t.detach().to(torch.bfloat16).clone() for name, t in weights.items()}
+
+
+def nudge(bits: dict[str, np.ndarray], density: float, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Move `density` of all values by +-1 ulp (80%) or +-2 ulp (20%)."""
+    out = {}
+    for name, flat in bits.items():
+        new = flat.copy()
+        picked = np.flatnonzero(rng.random(flat.size) < density)
+        steps = np.where(rng.random(picked.size) < 0.8, 1, 2) * rng.choice([-1, 1], size=picked.size)
+        ordered = to_ordered(new[picked]).astype(np.int32) + steps
+        new[picked] = from_ordered(np.clip(ordered, -32768, 32767).astype(np.int16))
+        out[name] = new
+    return out
+
+
+def as_tensors(bits: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    return {n: torch.from_numpy(b.view(np.int16)).view(torch.bfloat16).reshape(shapes[n]) for n, b in bits.items()}
+
+
+class Readers:
+    """N readers, each with its own bf16 shadow; syncs them concurrently and times the slowest."""
+
+    def __init__(self, client, keys: JobKeys, shadows: list[dict[str, torch.Tensor]]) -> None:
+        self.readers = [WeightReader(client, keys) for _ in shadows]
+        self.shadows = shadows
+
+    def sync(self) -> tuple[float, list]:
+        results: list = [None] * len(self.readers)
+
+        def run(i: int) -> None:
+            results[i] = self.readers[i].sync(self.shadows[i])
+
+        started = time.perf_counter()
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(self.readers))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return time.perf_counter() - started, results
+
+
+def decode_apply_seconds(client, keys: JobKeys, version: int, base: dict[str, torch.Tensor]) -> tuple[float, float]:
+    """Time decode+apply of one delta into bf16 tensors (fetch excluded), and the checksum pass."""
+    manifest = store.read_manifests(client, keys, [version])[0][0]
+    payload = memoryview(store.read_payload(client, manifest))
+    targets = {n: t.clone() for n, t in base.items()}
+    started = time.perf_counter()
+    touched = []
+    for entry in manifest.tensors:
+        if entry.changed and entry.encoding is not None:
+            enc = EncodedDelta.from_meta(entry.encoding, payload[entry.offset : entry.offset + entry.length])
+            apply_delta(targets[entry.name], enc)
+            touched.append(entry)
+    decode_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    for entry in touched:
+        assert tensor_checksum(targets[entry.name]) == entry.checksum
+    return decode_seconds, time.perf_counter() - started
+
+
+def measure_full(client, named: dict[str, torch.Tensor], readers: int, shadows) -> dict[str, float]:
+    """Baseline (a): publish the same weights as a full safetensors export and sync fresh readers."""
+    keys = JobKeys("bench", f"full-{readers}-{time.monotonic_ns()}")
+    publisher = WeightPublisher(
+        client, keys, rebase_interval=1, rebase_fraction=1.0, chunk_bytes=CHUNK_BYTES, mode="full"
+    )
+    started = time.perf_counter()
+    result = publisher.publish(named)
+    publish_seconds = time.perf_counter() - started
+    sync_seconds, _ = Readers(client, keys, shadows[:readers]).sync()
+    store.drop_versions(client, keys, store.committed_versions(client, keys))
+    return {"publish_s": publish_seconds, "sync_s": sync_seconds, "latency_s": publish_seconds + sync_seconds,
+            "bytes": result.bytes}  # fmt: skip
+
+
+def record(kind: str, label: str, result, numel: int, full_bytes: int, lat1: float, lat4: float, dec: float,
+           ver: float, pub_s: float, sync1: float, full: dict[int, dict[str, float]]) -> dict:  # fmt: skip
+    model_bytes = numel * 2
+    changed = max(result.changed, 1)
+    row = {
+        "workload": kind,
+        "label": label,
+        "version": result.version,
+        "kind": result.kind,
+        "changed_fraction": result.changed / numel,
+        "bytes_per_changed_value": result.payload_bytes / changed,
+        "delta_pct_of_full": 100.0 * result.payload_bytes / full_bytes,
+        "plain_pct_of_full": 100.0 * PLAIN_BYTES_PER_CHANGE * result.changed / full_bytes,
+        "size_vs_plain": result.payload_bytes / (PLAIN_BYTES_PER_CHANGE * changed),
+        "encode_gbps": model_bytes / result.encode_seconds / 1e9,
+        "decode_apply_gbps": model_bytes / dec / 1e9,
+        "verify_gbps": model_bytes / ver / 1e9 if ver else None,
+        "publish_s": pub_s,
+        "latency_1_reader_s": lat1,
+        "latency_4_readers_s": lat4,
+        "full_latency_1_reader_s": full[1]["latency_s"] if full else None,
+        "full_latency_4_readers_s": full[4]["latency_s"] if full else None,
+        "speedup_1_reader": full[1]["latency_s"] / lat1 if full else None,
+        "speedup_4_readers": full[4]["latency_s"] / lat4 if full and lat4 else None,
+        # Reader side only: fetch + decode + apply + verify vs fetch + load + copy + verify of a full.
+        "reader_speedup_1": full[1]["sync_s"] / sync1 if full else None,
+        "encodings": result.encodings,
+    }
+    log(f"  {label}: changed {row['changed_fraction'] * 100:.3f}%  {row['bytes_per_changed_value']:.2f} B/change  "
+        f"delta {row['delta_pct_of_full']:.2f}% of full (plain {row['plain_pct_of_full']:.2f}%)  "
+        f"encode {row['encode_gbps']:.2f} GB/s  decode+apply {row['decode_apply_gbps']:.2f} GB/s  "
+        f"latency 1r {lat1:.3f}s 4r {lat4 or 0:.3f}s"
+        + (f" (full {full[1]['latency_s']:.3f}s / {full[4]['latency_s']:.3f}s)" if full else ""))  # fmt: skip
+    return row
+
+
+def publish_and_sync(publisher, named, one: Readers, four: Readers | None, keys, client, base):
+    started = time.perf_counter()
+    result = publisher.publish(named)
+    pub_s = time.perf_counter() - started
+    sync1, res1 = one.sync()
+    sync4 = four.sync()[0] if four else None
+    assert all(r.version == result.version for r in res1)
+    dec, ver = decode_apply_seconds(client, keys, result.version, base)
+    return result, pub_s, pub_s + sync1, pub_s + sync4 if sync4 else None, dec, ver, sync1
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    synth = [r for r in rows if r["workload"] == "synthetic"]
+    real = [r for r in rows if r["workload"] == "adamw-1e-6"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    x = [r["changed_fraction"] * 100 for r in synth]
+    ax1.plot(x, [r["delta_pct_of_full"] for r in synth], "o-", label="delta (this store)")
+    ax1.plot(x, [r["plain_pct_of_full"] for r in synth], "s--", label="plain int32 pos + bf16 (6 B/change)")
+    ax1.axhline(100, color="grey", lw=1, label="full bf16 export")
+    if real:
+        ax1.plot([r["changed_fraction"] * 100 for r in real], [r["delta_pct_of_full"] for r in real], "r*", ms=11,
+                 label="AdamW lr 1e-6 steps")  # fmt: skip
+    ax1.set(xscale="log", yscale="log", xlabel="changed values (%)", ylabel="size (% of full bf16)",
+            title="Delta size vs change density")  # fmt: skip
+    ax1.legend(fontsize=8)
+    ax2.plot(x, [r["latency_1_reader_s"] for r in synth], "o-", label="delta, 1 reader")
+    ax2.plot(x, [r["latency_4_readers_s"] for r in synth], "o-", label="delta, 4 readers")
+    ax2.plot(x, [r["full_latency_1_reader_s"] for r in synth], "s--", label="full sync, 1 reader")
+    ax2.plot(x, [r["full_latency_4_readers_s"] for r in synth], "s--", label="full sync, 4 readers")
+    if real:
+        ax2.plot([r["changed_fraction"] * 100 for r in real], [r["latency_1_reader_s"] for r in real], "r*", ms=11,
+                 label="AdamW steps, 1 reader")  # fmt: skip
+    ax2.set(xscale="log", xlabel="changed values (%)", ylabel="publish-to-applied (s)",
+            title="Latency on loopback (2 shared CPU cores)")  # fmt: skip
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 optimizer step, sweep on a slice of the model")
+    parser.add_argument("--steps", type=int, default=4, help="optimizer steps (full mode)")
+    parser.add_argument("--out", default="docs/results/weight_delta", help="path stem for .json and .png")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    steps = 1 if args.quick else args.steps
+    t_start = time.perf_counter()
+
+    import redis
+
+    server = EmbeddedRedis(appendonly=False).start()
+    client = redis.Redis.from_url(server.url)
+    client.config_set("client-output-buffer-limit", "normal 0 0 0")
+    try:
+        log("loading SmolLM2-135M-Instruct (GGUF, dequantised to fp32) ...")
+        model = load_model()
+        named = dict(model.named_parameters())
+        numel = sum(p.numel() for p in named.values())
+        log(f"  {len(named)} tensors, {numel / 1e6:.1f}M parameters, bf16 size {numel * 2 / 1e6:.0f} MB")
+        # --quick: one reader on the whole model, no whole-model full baseline (the sweep has its own).
+        shadows = [bf16_shadow(named) for _ in range(2 if args.quick else 5)]
+        full = None
+        if not args.quick:
+            log("baseline (a): full safetensors sync through the same store ...")
+            full = {n: measure_full(client, named, n, shadows) for n in (1, 4)}
+            for n, f in full.items():
+                log(f"  full, {n} reader(s): publish {f['publish_s']:.2f}s, sync {f['sync_s']:.2f}s, "
+                    f"{f['bytes'] / 1e6:.0f} MB")  # fmt: skip
+        rows: list[dict] = []
+
+        # 1. Real optimizer steps.
+        keys = JobKeys("bench", "adamw")
+        publisher = WeightPublisher(client, keys, rebase_interval=1000, rebase_fraction=4.0, chunk_bytes=CHUNK_BYTES)
+        first = publisher.publish(named)
+        full_bytes = first.payload_bytes
+        one = Readers(client, keys, shadows[:1])
+        four = None if args.quick else Readers(client, keys, shadows[1:])
+        one.sync()
+        if four:
+            four.sync()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
+        gen = torch.Generator().manual_seed(0)
+        log(f"real steps: AdamW lr 1e-6, random-token LM loss, {steps} step(s)")
+        for step in range(steps):
+            base = {n: t.clone() for n, t in shadows[0].items()}
+            ids = torch.randint(0, model.config.vocab_size, (1, 32) if args.quick else (2, 64), generator=gen)
+            started = time.perf_counter()
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            log(f"  step {step}: {time.perf_counter() - started:.1f}s")
+            out = publish_and_sync(publisher, named, one, four, keys, client, base)
+            result, pub_s, lat1, lat4, dec, ver, sync1 = out
+            assert result.kind == "delta", result.reason
+            rows.append(record("adamw-1e-6", f"step {step + 1}", result, numel, full_bytes, lat1, lat4, dec, ver,
+                               pub_s, sync1, full))  # fmt: skip
+            ref = {n: bf16_bits(p) for n, p in named.items()}
+            synced = shadows if four else shadows[:1]
+            lossless = all(np.array_equal(bf16_bits(s[n], exact=True), ref[n]) for s in synced for n in ref)
+            rows[-1]["lossless"] = lossless
+        # 2. Synthetic density sweep on the model's bf16 weights.
+        sweep_names = list(named)
+        if args.quick:  # a slice of the model keeps --quick under a minute
+            budget, sweep_names = 0, []
+            for name, p in named.items():
+                if p.numel() > 4_000_000:  # the 28M-value embedding alone would take too long here
+                    continue
+                sweep_names.append(name)
+                budget += p.numel()
+                if budget > 8_000_000:
+                    break
+        shapes = {n: tuple(named[n].shape) for n in sweep_names}
+        bits = {n: bf16_bits(named[n]).copy() for n in sweep_names}
+        sweep_numel = sum(b.size for b in bits.values())
+        log(f"synthetic sweep on {len(sweep_names)} tensors ({sweep_numel / 1e6:.1f}M values)")
+        skeys = JobKeys("bench", "sweep")
+        sub_shadows = [{n: s[n] for n in sweep_names} for s in shadows]
+        while len(sub_shadows) < 5:  # --quick: extra readers only for the slice
+            sub_shadows.append({n: shadows[0][n].clone() for n in sweep_names})
+        spub = WeightPublisher(client, skeys, rebase_interval=1000, rebase_fraction=100.0, chunk_bytes=CHUNK_BYTES)
+        sfull = spub.publish(as_tensors(bits, shapes)).payload_bytes
+        sone, sfour = Readers(client, skeys, sub_shadows[:1]), Readers(client, skeys, sub_shadows[1:])
+        sone.sync()
+        sfour.sync()
+        sub_full = full
+        if args.quick:
+            sub_full = {n: measure_full(client, as_tensors(bits, shapes), n, sub_shadows) for n in (1, 4)}
+        rng = np.random.default_rng(0)
+        for density in DENSITIES:
+            base = {n: t.clone() for n, t in sub_shadows[0].items()}
+            bits = nudge(bits, density, rng)
+            out = publish_and_sync(spub, as_tensors(bits, shapes), sone, sfour, skeys, client, base)
+            result, pub_s, lat1, lat4, dec, ver, sync1 = out
+            rows.append(record("synthetic", f"{density * 100:g}%", result, sweep_numel, sfull, lat1, lat4, dec, ver,
+                               pub_s, sync1, sub_full))  # fmt: skip
+            rows[-1]["lossless"] = all(
+                np.array_equal(bf16_bits(s[n], exact=True), bits[n]) for s in sub_shadows for n in sweep_names
+            )
+            # Overwrite-only values (no ulp coding), size only.
+            plain_values = sum(
+                encode_delta(bf16_bits(base[n]), bits[n], overwrite_only=True).nbytes for n in sweep_names
+            )
+            rows[-1]["overwrite_only_bytes_per_changed_value"] = plain_values / max(result.changed, 1)
+    finally:
+        client.close()
+        server.close()
+
+    def rows_at(lo: float, hi: float) -> list[dict]:
+        return [r for r in rows if r["workload"] == "synthetic" and lo <= r["changed_fraction"] <= hi]
+
+    at_half_to_one = rows_at(0.004, 0.011)
+    at_one = rows_at(0.008, 0.011)
+    real_rows = [r for r in rows if r["workload"] == "adamw-1e-6"]
+    targets = {
+        "lossless_every_version": all(r["lossless"] for r in rows),
+        "max_bytes_per_change_0.5_to_1pct": max(r["bytes_per_changed_value"] for r in at_half_to_one),
+        "bytes_per_change_target_2.5_met": all(r["bytes_per_changed_value"] <= 2.5 for r in at_half_to_one),
+        "overwrite_only_bytes_per_change_0.5_to_1pct": max(
+            r["overwrite_only_bytes_per_changed_value"] for r in at_half_to_one
+        ),
+        "speedup_vs_full_at_1pct_1_reader": at_one[0]["speedup_1_reader"] if at_one else None,
+        "speedup_vs_full_at_1pct_4_readers": at_one[0]["speedup_4_readers"] if at_one else None,
+        "speedup_target_20x_met": bool(at_one) and at_one[0]["speedup_1_reader"] >= 20,
+        "reader_side_speedup_at_1pct": at_one[0]["reader_speedup_1"] if at_one else None,
+        "min_decode_apply_gbps": min(r["decode_apply_gbps"] for r in rows),
+        "decode_apply_1gbps_met": all(r["decode_apply_gbps"] >= 1.0 for r in rows),
+        "real_step_changed_fraction": [r["changed_fraction"] for r in real_rows],
+        "real_step_bytes_per_change": [r["bytes_per_changed_value"] for r in real_rows],
+    }
+    summary = {
+        "benchmark": "weight_delta",
+        "quick": args.quick,
+        "model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantised, fp32 masters)",
+        "numel": numel,
+        "sweep_numel": sweep_numel,
+        "full_bytes": full_bytes,
+        "threads": args.threads,
+        "cpu_count": os.cpu_count(),
+        "load_average": os.getloadavg()[0],
+        "full_sync": full,
+        "rows": rows,
+        "targets": targets,
+        "seconds": time.perf_counter() - t_start,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(summary, indent=2))
+    plot(rows, out.with_suffix(".png"))
+    log(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+    print(json.dumps({k: v for k, v in summary.items() if k != "rows"}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

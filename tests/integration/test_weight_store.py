@@ -1,0 +1,376 @@
+"""The weight store against a real redis-server (AOF on): publish, sync, crash, corrupt, recover."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import redis
+import torch
+from rljob.keys import JobKeys
+from rljob.weights import (
+    VersionConflictError,
+    WeightPublisher,
+    WeightReader,
+    WeightStoreError,
+    named_tensors,
+    store,
+)
+from rljob.weights.checksum import bf16_bits
+
+pytestmark = pytest.mark.integration
+transformers = pytest.importorskip("transformers")
+
+KEYS = JobKeys("test", "weights")
+Bits = dict[str, np.ndarray]
+
+
+def tiny_llama(seed: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A tiny Llama with tied embeddings, the shape of SmolLM2 (lm_head shares embed_tokens)."""
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, tie_word_embeddings=True,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(config).to(dtype)
+
+
+class Trainer:
+    """fp32 master weights and real AdamW steps on a random-token language-model loss."""
+
+    def __init__(self, lr: float = 1e-4, seed: int = 0) -> None:
+        self.model = tiny_llama(seed)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def step(self) -> None:
+        ids = torch.randint(0, 256, (2, 12), generator=self.gen)
+        self.model(input_ids=ids, labels=ids).loss.backward()
+        self.opt.step()
+        self.opt.zero_grad()
+
+    def bits(self) -> Bits:
+        return {name: bf16_bits(p).copy() for name, p in self.model.named_parameters()}
+
+
+def assert_holds(target, expected: Bits) -> None:
+    tensors = named_tensors(target)
+    assert set(tensors) == set(expected)
+    for name, bits in expected.items():
+        assert bf16_bits(tensors[name], exact=True).tobytes() == bits.tobytes(), f"{name} differs"
+
+
+def publisher_for(client: redis.Redis, **overrides) -> WeightPublisher:
+    options = {"rebase_interval": 4, "rebase_fraction": 4.0, "chunk_bytes": 4096} | overrides
+    return WeightPublisher(client, KEYS, **options)
+
+
+def version_keys(client: redis.Redis, version: int) -> list[bytes]:
+    return list(client.scan_iter(match=KEYS.prefix.replace("{", "\\{").replace("}", "\\}") + f"weights:v{version}:*"))
+
+
+@pytest.mark.slow
+def test_concurrent_readers_match_the_trainer_bit_for_bit(redis_server, redis_client):
+    trainer = Trainer()
+    publisher = publisher_for(redis_client)
+    snapshots: dict[int, Bits] = {}
+    total = 10
+    readers = {
+        "fp32-model-every-version": (tiny_llama(1), 1, 0),
+        "bf16-shadow-every-3rd": ({}, 3, 0),
+        "bf16-model-joins-at-5": (tiny_llama(2, torch.bfloat16), 1, 5),
+        "fp32-model-first-and-last": (tiny_llama(3), total - 1, 0),
+    }
+
+    def follow(target, every: int, start: int) -> list:
+        client = redis.Redis.from_url(redis_server.url)
+        reader = WeightReader(client, KEYS)
+        synced, want = [], start
+        while not synced or synced[-1].version < total - 1:
+            reader.wait_for_version(want, timeout=60)
+            result = reader.sync(target)
+            assert_holds(target, snapshots[result.version])
+            synced.append(result)
+            want = min(result.version + every, total - 1)
+        client.close()
+        return synced
+
+    with ThreadPoolExecutor(len(readers)) as pool:
+        futures = {name: pool.submit(follow, *spec) for name, spec in readers.items()}
+        published = []
+        for version in range(total):
+            snapshots[version] = trainer.bits()
+            published.append(publisher.publish(trainer.model))
+            trainer.step()
+            time.sleep(0.05)
+        results = {name: future.result(timeout=120) for name, future in futures.items()}
+
+    assert [p.version for p in published] == list(range(total))
+    assert [p.kind for p in published] == ["full", "delta", "delta", "delta"] * 2 + ["full", "delta"]
+    assert all(p.bytes < published[0].bytes for p in published if p.kind == "delta")
+    every = results["fp32-model-every-version"]
+    assert any(not r.took_full and r.versions_applied for r in every), "deltas were never used"
+    assert all(r.bytes_fetched < published[0].bytes for r in every if r.versions_applied and not r.took_full)
+    joined = results["bf16-model-joins-at-5"][0]
+    assert joined.took_full and joined.versions_applied[0] == 4  # the newest full, then its deltas
+    last = results["fp32-model-first-and-last"][-1]
+    # Its deltas were dropped with the rebase at 8: it takes that full and the delta after it.
+    assert last.took_full and last.versions_applied == [8, 9]
+    assert store.committed_versions(redis_client, KEYS) == [8, 9]
+    assert not version_keys(redis_client, 3)  # retention removed the old chain's chunks
+
+
+def test_tied_weights_are_published_once_and_stay_tied(redis_client):
+    trainer = Trainer(seed=5)
+    publisher_for(redis_client).publish(trainer.model)
+    names = [entry.name for entry in store.read_manifests(redis_client, KEYS, [0])[0][0].tensors]
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+    model = tiny_llama(6)
+    WeightReader(redis_client, KEYS).sync(model)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert torch.equal(model.lm_head.weight, trainer.model.lm_head.weight.to(torch.bfloat16).float())
+
+
+def test_sync_writes_in_place_and_fetches_nothing_when_current(redis_client):
+    trainer = Trainer()
+    publisher = publisher_for(redis_client)
+    model = tiny_llama(7)
+    pointers = {name: p.data_ptr() for name, p in model.named_parameters()}
+    reader = WeightReader(redis_client, KEYS)
+    for _ in range(3):
+        publisher.publish(trainer.model)
+        trainer.step()
+        result = reader.sync(model)
+        assert result.changed
+    assert {name: p.data_ptr() for name, p in model.named_parameters()} == pointers
+    again = reader.sync(model)
+    assert (again.version, again.changed, again.bytes_fetched) == (2, [], 0)
+
+
+@pytest.mark.parametrize("where", ["between-chunks", "before-commit"])
+def test_redis_killed_mid_publish_leaves_readers_on_a_complete_version(redis_server, redis_client, monkeypatch, where):
+    trainer = Trainer()
+    publisher = publisher_for(redis_client, chunk_bytes=1024)
+    targets = [tiny_llama(8), {}]
+    readers = [WeightReader(redis_client, KEYS) for _ in targets]
+    for _ in range(2):
+        before = trainer.bits()
+        publisher.publish(trainer.model)
+        trainer.step()
+    for reader, target in zip(readers, targets, strict=True):
+        reader.sync(target)
+
+    if where == "between-chunks":
+        write_chunks = store.write_chunks
+
+        def crash(client, keys, version, payload, chunk_bytes):
+            write_chunks(client, keys, version, payload[: len(payload) // 2], chunk_bytes)
+            redis_server.kill()
+            return write_chunks(client, keys, version, payload, chunk_bytes)
+
+        monkeypatch.setattr(store, "write_chunks", crash)
+    else:
+        commit = store.commit
+
+        def crash(client, keys, manifest):
+            redis_server.kill()
+            return commit(client, keys, manifest)
+
+        monkeypatch.setattr(store, "commit", crash)
+    with pytest.raises(redis.ConnectionError):
+        publisher.publish(trainer.model)
+    monkeypatch.undo()
+    redis_server.start()
+
+    assert store.latest_version(redis_client, KEYS) == 1
+    assert any(b":chunk:" in key for key in version_keys(redis_client, 2))  # orphans of the crash
+    for reader, target in zip(readers, targets, strict=True):
+        assert reader.sync(target).version == 1
+        assert_holds(target, before)
+    fresh = {}
+    WeightReader(redis_client, KEYS).sync(fresh)
+    assert_holds(fresh, before)
+
+    expected = trainer.bits()
+    result = publisher.publish(trainer.model)  # re-reads Redis, clears the orphans, continues
+    assert (result.version, result.kind) == (2, "delta")
+    for reader, target in zip(readers, targets, strict=True):
+        assert reader.sync(target).version == 2
+        assert_holds(target, expected)
+
+
+def test_redis_killed_at_a_random_moment_of_a_publish_loop(redis_server, redis_client):
+    """No hook: SIGKILL lands wherever the publisher is; readers must still end on a complete version."""
+    trainer = Trainer(lr=1e-3)
+    publisher = publisher_for(redis_client, chunk_bytes=512, rebase_interval=3)
+    snapshots: dict[int, Bits] = {}
+    stop = threading.Event()
+
+    def publish_forever() -> None:
+        while not stop.is_set():
+            snapshots[publisher.next_version] = trainer.bits()
+            try:
+                publisher.publish(trainer.model)
+            except redis.ConnectionError:
+                return
+            trainer.step()
+
+    thread = threading.Thread(target=publish_forever)
+    thread.start()
+    time.sleep(1.0)
+    redis_server.kill()
+    stop.set()
+    thread.join(timeout=30)
+    redis_server.start()
+    shadow: dict[str, torch.Tensor] = {}
+    result = WeightReader(redis_client, KEYS).sync(shadow)
+    assert result.version >= 1
+    assert_holds(shadow, snapshots[result.version])
+    follow_up = publisher.publish(trainer.model)
+    assert follow_up.version == result.version + 1
+
+
+def test_aof_keeps_the_store_and_a_restarted_trainer_continues_the_sequence(redis_server, redis_client):
+    trainer = Trainer()
+    publisher = publisher_for(redis_client, rebase_interval=10)
+    checkpoint = None
+    for version in range(4):
+        publisher.publish(trainer.model)
+        if version == 2:
+            checkpoint = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        trainer.step()
+    expected_v3 = None
+    reader, model = WeightReader(redis_client, KEYS), tiny_llama(9)
+    reader.sync(model)
+    expected_v3 = {name: bf16_bits(p, exact=True).copy() for name, p in model.named_parameters()}
+
+    redis_server.restart()  # SIGKILL then start: only what AOF holds survives
+    client = redis.Redis.from_url(redis_server.url)
+    shadow: dict[str, torch.Tensor] = {}
+    assert WeightReader(client, KEYS).sync(shadow).version == 3
+    assert_holds(shadow, expected_v3)
+
+    # The trainer crashed too and restarts from its version-2 checkpoint.
+    restarted = Trainer(seed=11)
+    restarted.model.load_state_dict(checkpoint)
+    restarted.step()
+    new_publisher = publisher_for(client, rebase_interval=10)
+    assert new_publisher.resume() == 3 and new_publisher.next_version == 4
+    result = new_publisher.publish(restarted.model)
+    assert (result.version, result.kind) == (4, "delta")  # against the read-back v3, not a full
+    assert reader.sync(model).versions_applied == [4]
+    assert_holds(model, restarted.bits())
+    with pytest.raises(VersionConflictError):
+        new_publisher.publish(restarted.model, version=4)
+    client.close()
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+def test_a_damaged_chunk_is_detected_and_recovered(redis_client, damage):
+    trainer = Trainer()
+    publisher = publisher_for(redis_client, chunk_bytes=1024)
+    model, reader = tiny_llama(10), WeightReader(redis_client, KEYS)
+    for version in range(3):
+        if version == 1:
+            at_v1 = trainer.bits()
+        publisher.publish(trainer.model)
+        trainer.step()
+        if version == 1:
+            reader.sync(model)
+    chunk = store.read_manifests(redis_client, KEYS, [2])[0][0].chunks[0].key
+    if damage == "corrupt":
+        byte = redis_client.getrange(chunk, 5, 5)
+        redis_client.setrange(chunk, 5, bytes([byte[0] ^ 0xFF]))
+    else:
+        redis_client.delete(chunk)
+
+    with pytest.raises(WeightStoreError, match=f"{damage}.*{chunk}|{chunk}.*{damage}"):
+        reader.sync(model)
+    assert reader.version == 1
+    assert_holds(model, at_v1)  # chunks are verified before anything is written: never half-applied
+    assert redis_client.exists(KEYS.weights_rebase)
+
+    expected = trainer.bits()
+    result = publisher.publish(trainer.model)
+    assert result.kind == "full" and "rebase" in result.reason
+    synced = reader.sync(model)
+    assert (synced.version, synced.took_full) == (3, True)
+    assert_holds(model, expected)
+    assert not redis_client.exists(KEYS.weights_rebase)
+
+
+def test_a_tampered_target_fails_its_checksum_and_is_refetched(redis_client):
+    trainer = Trainer(lr=1e-3)
+    publisher = publisher_for(redis_client)
+    shadow: dict[str, torch.Tensor] = {}
+    reader = WeightReader(redis_client, KEYS)
+    publisher.publish(trainer.model)
+    reader.sync(shadow)
+    for tensor in shadow.values():
+        tensor.view(-1)[0] += 1.0  # someone wrote into the shadow copy
+    trainer.step()
+    expected = trainer.bits()
+    publisher.publish(trainer.model)
+    result = reader.sync(shadow)
+    assert result.took_full and result.version == 1
+    assert any("ChecksumMismatchError" in e for e in result.recovered_from)
+    assert_holds(shadow, expected)
+
+
+def test_versions_dropped_while_a_reader_fetches_are_recovered(redis_client, monkeypatch):
+    trainer = Trainer()
+    publisher = publisher_for(redis_client, rebase_interval=3)
+    reader, shadow = WeightReader(redis_client, KEYS), {}
+    publisher.publish(trainer.model)
+    reader.sync(shadow)
+    trainer.step()
+    publisher.publish(trainer.model)  # v1, a delta the reader plans to fetch
+    read_payload = store.read_payload
+    raced = []
+
+    def publish_meanwhile(client, manifest):
+        if not raced:  # the trainer rebases (v2 full drops v0, v1) between plan and fetch
+            raced.append(True)
+            trainer.step()
+            publisher.publish(trainer.model)
+            trainer.step()
+            publisher.publish(trainer.model)
+        return read_payload(client, manifest)
+
+    monkeypatch.setattr(store, "read_payload", publish_meanwhile)
+    result = reader.sync(shadow)
+    assert result.took_full and result.version == 3
+    assert any("MissingChunkError" in e or "VersionUnavailable" in e for e in result.recovered_from)
+    assert_holds(shadow, trainer.bits())
+
+
+def test_wait_for_version_wakes_on_publish_and_times_out(redis_client):
+    trainer = Trainer()
+    publisher = publisher_for(redis_client)
+    reader = WeightReader(redis_client, KEYS)
+    assert reader.latest_version() is None
+    with pytest.raises(TimeoutError):
+        reader.wait_for_version(0, timeout=0.3)
+    timer = threading.Timer(0.3, publisher.publish, args=(trainer.model,))
+    timer.start()
+    started = time.monotonic()
+    assert reader.wait_for_version(0, timeout=10) == 0
+    assert time.monotonic() - started < 5
+    timer.join()
+
+
+def test_full_mode_and_rebase_fraction(redis_client):
+    trainer = Trainer(lr=1e-3)
+    full = publisher_for(redis_client, mode="full")
+    assert [full.publish(trainer.model).kind for _ in range(2)] == ["full", "full"]
+    keys = JobKeys("test", "other")
+    tight = WeightPublisher(redis_client, keys, rebase_interval=100, rebase_fraction=0.05, chunk_bytes=4096)
+    kinds = []
+    for _ in range(4):
+        kinds.append(tight.publish(trainer.model))
+        trainer.step()
+    assert kinds[0].kind == "full"
+    assert any(r.kind == "full" and "chain" in r.reason for r in kinds[1:])

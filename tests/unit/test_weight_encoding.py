@@ -1,0 +1,246 @@
+"""Bit-exact round trips of every delta encoding, on random and adversarial bf16 tensors."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from rljob.weights.apply import apply_delta
+from rljob.weights.checksum import bf16_bits, tensor_checksum
+from rljob.weights.encoding import (
+    DeltaFormatError,
+    EncodedDelta,
+    apply_delta_bits,
+    decode_delta,
+    encode_delta,
+    from_ordered,
+    pack_fixed,
+    rice_decode,
+    rice_encode,
+    to_ordered,
+    ulp_unzigzag,
+    ulp_zigzag,
+    unpack_fixed,
+)
+
+CODECS = [(p, v) for p in ("rice", "bitmask", "dense") for v in ("raw", "ulp")]
+SHAPES = [(), (1,), (7,), (3, 5, 7), (1023,), (64, 33)]
+
+NAN_QUIET, NAN_PAYLOAD, NEG_NAN = 0x7FC0, 0x7F81, 0xFFC1
+POS_INF, NEG_INF, NEG_ZERO, POS_ZERO = 0x7F80, 0xFF80, 0x8000, 0x0000
+SPECIALS = np.array([NAN_QUIET, NAN_PAYLOAD, NEG_NAN, POS_INF, NEG_INF, NEG_ZERO, POS_ZERO, 0x0001, 0x8001,
+                     0x7F7F, 0xFF7F, 0x3F80, 0xBF80], dtype=np.uint16)  # fmt: skip
+
+
+def random_bits(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    weights = torch.from_numpy(np.asarray(rng.standard_normal(shape) * 0.02, dtype=np.float32))
+    return bf16_bits(weights).reshape(shape)
+
+
+def nudge(rng: np.random.Generator, bits: np.ndarray, density: float, max_ulp: int = 2) -> np.ndarray:
+    """Move a random `density` of the values by 1..max_ulp units in the last place."""
+    out = bits.copy().reshape(-1)
+    picked = rng.random(out.size) < density
+    steps = rng.integers(1, max_ulp + 1, size=int(picked.sum())) * rng.choice([-1, 1], size=int(picked.sum()))
+    ordered = to_ordered(out[picked]).astype(np.int32) + steps
+    out[picked] = from_ordered(np.clip(ordered, -32768, 32767).astype(np.int16))
+    return out.reshape(bits.shape)
+
+
+def roundtrip(old: np.ndarray, new: np.ndarray, **force: str) -> EncodedDelta:
+    enc = encode_delta(old, new, **force)
+    # Through the wire format, as the reader sees it.
+    enc = EncodedDelta.from_meta(enc.meta(), enc.payload())
+    bits = old.copy()
+    apply_delta_bits(bits, enc)
+    assert bits.tobytes() == new.tobytes(), f"{enc.encoding} is not bit-exact"
+    positions, values = decode_delta(enc, old)
+    changed = np.flatnonzero(old.reshape(-1) != new.reshape(-1))
+    if enc.positions == "dense":
+        assert positions.size == old.size
+    else:
+        assert np.array_equal(positions, changed)
+        assert np.array_equal(values, new.reshape(-1)[changed])
+    assert enc.count == changed.size
+    return enc
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize(("positions", "values"), CODECS)
+@pytest.mark.parametrize("density", [0.01, 0.3, 1.0])
+def test_every_codec_roundtrips_random_changes(shape, positions, values, density):
+    rng = np.random.default_rng(zlib.crc32(repr((shape, positions, values, density)).encode()))
+    old = random_bits(rng, shape)
+    new = nudge(rng, old, density, max_ulp=300)  # beyond one byte: exercises 2-byte ulp values too
+    enc = roundtrip(old, new, positions=positions, values=values)
+    if enc.count:
+        assert (enc.positions, enc.values) == (positions, values)
+
+
+@pytest.mark.parametrize(("positions", "values"), CODECS)
+def test_every_codec_roundtrips_arbitrary_bit_patterns(positions, values):
+    """Uniformly random 16-bit patterns: NaNs, infinities, subnormals, both zeros, sign flips."""
+    rng = np.random.default_rng(7)
+    old = rng.integers(0, 2**16, size=4099, dtype=np.uint32).astype(np.uint16)
+    new = old.copy()
+    picked = rng.random(old.size) < 0.2
+    new[picked] = rng.integers(0, 2**16, size=int(picked.sum()), dtype=np.uint32).astype(np.uint16)
+    roundtrip(old, new, positions=positions, values=values)
+
+
+@pytest.mark.parametrize(("positions", "values"), CODECS)
+def test_special_values_roundtrip(positions, values):
+    """Every transition between NaN payloads, +-inf, +-0 and extremes, in both directions."""
+    old = np.repeat(SPECIALS, SPECIALS.size)
+    new = np.tile(SPECIALS, SPECIALS.size)
+    roundtrip(old, new, positions=positions, values=values)
+    roundtrip(new, old, positions=positions, values=values)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_none_changed_is_empty(shape):
+    old = random_bits(np.random.default_rng(1), shape)
+    enc = roundtrip(old, old.copy())
+    assert enc.positions == "none" and enc.nbytes == 0 and enc.count == 0
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_all_changed_chooses_dense(shape):
+    rng = np.random.default_rng(2)
+    old = random_bits(rng, shape)
+    new = from_ordered((to_ordered(old).astype(np.int32) + 1).clip(-32768, 32767).astype(np.int16))
+    enc = roundtrip(old, new.reshape(old.shape))
+    assert enc.count == old.size
+    assert enc.positions == "dense"
+
+
+def test_zero_dim_tensor_roundtrips_through_torch():
+    for dtype in (torch.bfloat16, torch.float32):
+        old = torch.tensor(1.5, dtype=dtype)
+        new_bits = bf16_bits(torch.tensor(-0.0))
+        enc = encode_delta(bf16_bits(old), new_bits)
+        apply_delta(old, enc)
+        assert bf16_bits(old, exact=True).tobytes() == new_bits.tobytes()
+        assert old.dim() == 0
+
+
+def test_negative_zero_is_a_change():
+    old = np.array([POS_ZERO, NEG_ZERO], dtype=np.uint16)
+    new = np.array([NEG_ZERO, POS_ZERO], dtype=np.uint16)
+    enc = roundtrip(old, new)
+    assert enc.count == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("positions", "values"), CODECS)
+def test_apply_into_torch_in_place(dtype, positions, values):
+    """apply_delta writes into the tensor's own storage, exactly, for bf16 and fp32 targets."""
+    rng = np.random.default_rng(3)
+    old = random_bits(rng, (37, 29))
+    old.reshape(-1)[: SPECIALS.size] = SPECIALS  # NaN payloads must survive an fp32 target too
+    new = nudge(rng, old, 0.05)
+    new.reshape(-1)[-SPECIALS.size :] = SPECIALS[::-1]
+    target = torch.from_numpy(old.view(np.int16).copy()).view(torch.bfloat16).to(dtype)
+    target.requires_grad_(True)
+    storage = target.untyped_storage().data_ptr()
+    apply_delta(target, encode_delta(old, new, positions=positions, values=values))
+    assert target.untyped_storage().data_ptr() == storage
+    assert bf16_bits(target, exact=True).tobytes() == new.tobytes()
+    assert tensor_checksum(target) == tensor_checksum(torch.from_numpy(new.view(np.int16)).view(torch.bfloat16))
+
+
+def test_fp32_masters_round_to_nearest_even():
+    values = torch.tensor([1.0 + 2**-8, 1.0 + 3 * 2**-8, 1.0 + 2**-8 + 2**-20], dtype=torch.float32)
+    bits = bf16_bits(values)
+    assert list(bits) == [0x3F80, 0x3F82, 0x3F81]  # ties to even, above the tie rounds up
+
+
+def test_small_updates_are_compact():
+    """Sparse one-or-two-ulp changes, as small learning rates make: well under 6 bytes a change."""
+    rng = np.random.default_rng(4)
+    old = random_bits(rng, (1_000_000,))
+    for density in (0.005, 0.01):
+        enc = encode_delta(old, nudge(rng, old, density))
+        assert enc.positions == "rice" and enc.values == "ulp"
+        assert enc.nbytes / enc.count < 2.0
+        overwrite = encode_delta(old, nudge(rng, old, density), overwrite_only=True)
+        assert overwrite.values == "raw"
+        assert overwrite.nbytes / overwrite.count < 3.5
+
+
+def test_dense_changes_use_bitmask_or_dense():
+    rng = np.random.default_rng(5)
+    old = random_bits(rng, (200_000,))
+    enc = encode_delta(old, nudge(rng, old, 0.6))
+    assert enc.positions in ("bitmask", "dense")
+
+
+def test_compression_is_used_only_where_it_pays():
+    rng = np.random.default_rng(6)
+    old = random_bits(rng, (200_000,))
+    compressible = encode_delta(old, nudge(rng, old, 0.01), values="raw")
+    assert compressible.zipped[-1]  # the sign/exponent plane compresses
+    noise = rng.integers(0, 2**16, size=old.size, dtype=np.uint32).astype(np.uint16)
+    incompressible = encode_delta(old, noise, positions="dense", values="raw")
+    assert incompressible.zipped == (False,)
+
+
+@pytest.mark.parametrize("bits", [1, 3, 7, 8, 13, 16, 25, 26, 31, 32])
+def test_fixed_width_packing(bits):
+    rng = np.random.default_rng(bits)
+    values = rng.integers(0, 2**bits, size=1001, dtype=np.uint64).astype(np.int64)
+    assert np.array_equal(unpack_fixed(pack_fixed(values, bits), values.size, bits), values)
+
+
+def test_rice_coding_of_positions():
+    rng = np.random.default_rng(8)
+    positions = np.flatnonzero(rng.random(100_000) < 0.02)
+    for k in range(0, 12):
+        unary, low = rice_encode(positions, k)
+        assert np.array_equal(rice_decode(unary, low, positions.size, k), positions)
+
+
+def test_ordered_mapping_is_a_bijection_and_ulp_steps_wrap_exactly():
+    every = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
+    ordered = to_ordered(every)
+    assert np.unique(ordered).size == 2**16
+    assert np.array_equal(from_ordered(ordered), every)
+    # one ulp across zero: +min subnormal, +0, -0, -min subnormal are neighbours
+    line = to_ordered(np.array([0x0001, 0x0000, 0x8000, 0x8001], dtype=np.uint16)).astype(np.int32)
+    assert list(np.diff(line)) == [-1, -1, -1]
+    shuffled = np.random.default_rng(9).permutation(every)
+    assert np.array_equal(ulp_unzigzag(every, ulp_zigzag(every, shuffled)), shuffled)
+
+
+def test_corrupt_streams_are_detected():
+    rng = np.random.default_rng(10)
+    old = random_bits(rng, (50_000,))
+    enc = encode_delta(old, nudge(rng, old, 0.01))
+    payload = bytearray(enc.payload())
+    with pytest.raises(DeltaFormatError):
+        EncodedDelta.from_meta(enc.meta(), bytes(payload[:-1]))
+    meta = enc.meta()
+    meta["count"] += 5
+    with pytest.raises((DeltaFormatError, ValueError)):
+        apply_delta_bits(old.copy(), EncodedDelta.from_meta(meta, bytes(payload)))
+    zipped = encode_delta(old, nudge(rng, old, 0.01), values="raw")
+    assert zipped.zipped[-1]
+    broken = bytearray(zipped.payload())
+    broken[-3] ^= 0xFF
+    with pytest.raises(DeltaFormatError):
+        apply_delta_bits(old.copy(), EncodedDelta.from_meta(zipped.meta(), bytes(broken)))
+
+
+def test_shape_and_dtype_mismatches_are_refused():
+    old = np.zeros(10, dtype=np.uint16)
+    with pytest.raises(ValueError):
+        encode_delta(old, np.zeros(11, dtype=np.uint16))
+    with pytest.raises(TypeError):
+        encode_delta(old.astype(np.float32), old.astype(np.float32))
+    enc = encode_delta(old, np.ones(10, dtype=np.uint16))
+    with pytest.raises(TypeError):
+        apply_delta(torch.zeros(10, dtype=torch.float16), enc)
+    with pytest.raises(ValueError):
+        apply_delta(torch.zeros(11, dtype=torch.bfloat16), enc)

@@ -1,0 +1,99 @@
+"""Writing decoded bf16 values into live tensors, in place (the model's storage is never replaced).
+
+Targets are bf16 or fp32 tensors on any device; bf16 -> fp32 is exact, so an fp32 target holds
+exactly the published bf16 values. Models are addressed by `named_parameters()`, which lists a
+tied weight (SmolLM2's lm_head / embed_tokens) once, the same way the publisher names them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+
+import numpy as np
+import torch
+
+from rljob.weights.encoding import EncodedDelta, decode_positions, decode_values
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def named_tensors(source: Mapping[str, torch.Tensor] | torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Name -> tensor, with the naming publisher and reader share."""
+    if isinstance(source, torch.nn.Module):
+        return dict(source.named_parameters())
+    return dict(source.items())
+
+
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"weights must be bf16 or fp32 to receive bf16 values, got {tensor.dtype}")
+    if not tensor.is_contiguous():
+        raise ValueError("weights must be contiguous to be updated in place")
+    return tensor.detach().view(-1)
+
+
+def _bits_at(flat: torch.Tensor, positions: torch.Tensor | None) -> np.ndarray:
+    """bf16 bit patterns of `flat` at `positions` (all when None), as uint16 numpy.
+
+    An fp32 target holds bf16 values exactly, so its upper 16 bits are the pattern (NaN payloads too).
+    """
+    picked = flat if positions is None else flat[positions]
+    if picked.dtype == torch.float32:
+        picked = (picked.view(torch.int32) >> 16).to(torch.int16)
+    return picked.cpu().view(torch.int16).numpy().view(np.uint16)
+
+
+def apply_delta(tensor: torch.Tensor, enc: EncodedDelta) -> None:
+    """Overwrite the changed elements of `tensor` with the delta's new bf16 values, in place."""
+    if enc.positions == "none":
+        return
+    flat = _flat(tensor)
+    if flat.numel() != enc.numel:
+        raise ValueError(f"delta is for {enc.numel} elements, tensor has {flat.numel()}")
+    if flat.device.type == "cpu":
+        _apply_cpu(flat, enc)
+        return
+    dense = enc.positions == "dense"
+    positions = None if dense else torch.from_numpy(decode_positions(enc)).to(flat.device)
+    old = _bits_at(flat, positions) if enc.values == "ulp" else None
+    values = decode_values(enc, old)
+    new = torch.from_numpy(values.view(np.int16)).view(torch.bfloat16).to(flat.device)
+    with torch.no_grad():
+        if dense:
+            flat.copy_(new)
+        elif flat.dtype == torch.bfloat16:
+            flat.view(torch.int16)[positions] = new.view(torch.int16)
+        else:
+            flat[positions] = new.to(flat.dtype)
+
+
+def _apply_cpu(flat: torch.Tensor, enc: EncodedDelta) -> None:
+    """numpy gather/scatter on a view of the tensor's own memory (several times faster than torch's
+    advanced indexing on bf16). fp32 holds a bf16 value exactly as its upper 16 bits, lower zero."""
+    dense = enc.positions == "dense"
+    positions = slice(None) if dense else decode_positions(enc)
+    if flat.dtype == torch.bfloat16:
+        memory = flat.view(torch.int16).numpy().view(np.uint16)
+        old = memory[positions] if enc.values == "ulp" else None
+        memory[positions] = decode_values(enc, old)
+    else:
+        memory = flat.view(torch.int32).numpy().view(np.uint32)
+        old = (memory[positions] >> 16).astype(np.uint16) if enc.values == "ulp" else None
+        memory[positions] = decode_values(enc, old).astype(np.uint32) << 16
+
+
+def write_full(tensor: torch.Tensor, values: torch.Tensor) -> None:
+    """Copy bf16 `values` into `tensor` in place (shape must match)."""
+    flat = _flat(tensor)
+    if tuple(tensor.shape) != tuple(values.shape):
+        raise ValueError(f"shape mismatch: target {tuple(tensor.shape)}, published {tuple(values.shape)}")
+    with torch.no_grad():
+        flat.copy_(values.reshape(-1))
+
+
+def ensure_target(target: MutableMapping[str, torch.Tensor], name: str, values: torch.Tensor) -> None:
+    """For a dict target: write into the existing tensor, or add a bf16 copy when the name is new."""
+    if name in target:
+        write_full(target[name], values)
+    else:
+        target[name] = values.clone()

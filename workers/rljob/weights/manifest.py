@@ -1,0 +1,59 @@
+"""The manifest of one published weight version: the only thing a reader trusts.
+
+It is written after every chunk it names, in the same atomic step that moves `latest`, so a
+version a reader can see is always complete. It crosses process boundaries, hence pydantic.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MANIFEST_FORMAT = 1
+
+
+class ChunkRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str
+    length: int = Field(ge=0)
+    crc: int = Field(ge=0, description="CRC32 of the chunk's bytes.")
+
+
+class TensorEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    shape: list[int]
+    checksum: str = Field(description="SHA-256 prefix of the tensor's bf16 bytes after this version.")
+    offset: int = Field(0, ge=0, description="Delta only: where this tensor's encoded bytes start.")
+    length: int = Field(0, ge=0, description="Delta only: how many encoded bytes it has.")
+    changed: int = Field(0, ge=0, description="Values that differ from the base version.")
+    encoding: dict[str, Any] | None = Field(None, description="Delta only: `EncodedDelta.meta()`.")
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: int = MANIFEST_FORMAT
+    version: int = Field(ge=0)
+    kind: Literal["full", "delta"]
+    base_version: int | None = Field(None, description="Delta only: the version it applies to.")
+    full_version: int = Field(ge=0, description="The full export this version's chain starts from.")
+    chain_length: int = Field(0, ge=0, description="Deltas since that full, this one included.")
+    chain_bytes: int = Field(0, ge=0, description="Payload bytes of those deltas.")
+    full_bytes: int = Field(ge=0, description="Payload bytes of that full export.")
+    payload_bytes: int = Field(ge=0)
+    numel: int = Field(ge=0)
+    changed: int = Field(0, ge=0)
+    created_at: float
+    chunks: list[ChunkRef]
+    tensors: list[TensorEntry]
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> Manifest:
+        return cls.model_validate_json(raw)

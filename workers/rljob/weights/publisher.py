@@ -1,0 +1,288 @@
+"""Trainer side: publish each new policy version, as a full export or as a delta.
+
+The publisher keeps the bf16 bit patterns it last published (its baseline) and encodes the next
+version against them. A new full export (a rebase) is written when there is no baseline, in
+`full` mode, every `rebase_interval` versions, when the tensor layout changed, or when the deltas
+since the last full would outgrow `rebase_fraction` of it. After a full, older versions are dropped.
+
+Restarts: the publisher rebuilds its baseline by reading the latest committed version back from
+Redis (`resume`, run automatically before the first publish and after any failed one). That is
+always right, whatever checkpoint the trainer restarted from: the next delta is computed against
+what readers actually hold, and versions continue at latest + 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import redis
+import safetensors.torch
+import torch
+
+from rljob.config import WeightSyncSpec
+from rljob.keys import JobKeys
+from rljob.weights import store
+from rljob.weights.apply import named_tensors
+from rljob.weights.checksum import bf16_bits, bits_checksum
+from rljob.weights.encoding import EncodedDelta, encode_delta
+from rljob.weights.manifest import Manifest, TensorEntry
+from rljob.weights.reader import WeightReader
+from rljob.weights.store import VersionConflictError, WeightStoreError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PublishResult:
+    version: int
+    kind: Literal["full", "delta"]
+    bytes: int  # payload + manifest written to Redis
+    payload_bytes: int = 0
+    changed: int = 0  # bf16 values that differ from the previous version
+    numel: int = 0
+    encode_seconds: float = 0.0
+    write_seconds: float = 0.0
+    encodings: dict[str, int] = field(default_factory=dict)  # encoding name -> tensors using it
+    reason: str = ""  # why a full was written
+
+
+class WeightPublisher:
+    def __init__(
+        self,
+        redis_client: redis.Redis,
+        keys: JobKeys,
+        *,
+        rebase_interval: int,
+        rebase_fraction: float,
+        chunk_bytes: int,
+        mode: Literal["delta", "full"] = "delta",
+        overwrite_only: bool = False,
+    ) -> None:
+        if rebase_interval < 1 or rebase_fraction <= 0 or chunk_bytes < 1:
+            raise ValueError("rebase_interval >= 1, rebase_fraction > 0 and chunk_bytes >= 1 are required")
+        if mode not in ("delta", "full"):
+            raise ValueError(f"mode must be 'delta' or 'full', got {mode!r}")
+        self.client = redis_client
+        self.keys = keys
+        self.rebase_interval = rebase_interval
+        self.rebase_fraction = rebase_fraction
+        self.chunk_bytes = chunk_bytes
+        self.mode = mode
+        self.overwrite_only = overwrite_only
+        self._resumed = False
+        self._baseline: dict[str, np.ndarray] | None = None
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        self._last: Manifest | None = None
+
+    @classmethod
+    def from_spec(cls, redis_client: redis.Redis, keys: JobKeys, spec: WeightSyncSpec) -> WeightPublisher:
+        """Build from the job config's `weightSync` section."""
+        return cls(
+            redis_client,
+            keys,
+            rebase_interval=spec.rebase_interval,
+            rebase_fraction=spec.rebase_fraction,
+            chunk_bytes=spec.chunk_bytes,
+            mode=spec.mode,
+        )
+
+    @property
+    def latest_version(self) -> int | None:
+        return None if self._last is None else self._last.version
+
+    @property
+    def next_version(self) -> int:
+        if not self._resumed:
+            self.resume()
+        return 0 if self._last is None else self._last.version + 1
+
+    def resume(self) -> int | None:
+        """Continue from what Redis holds: read the latest version back as the baseline.
+
+        Also clears leftovers of an interrupted publish. Returns the latest version, or None.
+        """
+        store.drop_orphans(self.client, self.keys)
+        store.apply_retention(self.client, self.keys)
+        self._baseline, self._shapes, self._last = None, {}, None
+        latest = store.latest_version(self.client, self.keys)
+        if latest is not None:
+            shadow: dict[str, torch.Tensor] = {}
+            try:
+                result = WeightReader(self.client, self.keys).sync(shadow)
+            except WeightStoreError as exc:
+                # The stored chain is unreadable: continue the numbering, start over with a full.
+                log.warning("weight publisher could not read version %d back (%s); next is a full", latest, exc)
+                self._last = store.read_manifests(self.client, self.keys, [latest])[0][0]
+            else:
+                self._baseline = {name: bf16_bits(t).copy() for name, t in shadow.items()}
+                self._shapes = {name: tuple(t.shape) for name, t in shadow.items()}
+                self._last = store.read_manifests(self.client, self.keys, [result.version])[0][0]
+                log.info("weight publisher resumed at version %d (%s)", result.version, self._last.kind)
+        self._resumed = True
+        return self.latest_version
+
+    def publish(
+        self, named_params: Mapping[str, torch.Tensor] | torch.nn.Module, version: int | None = None
+    ) -> PublishResult:
+        """Publish the given weights (fp32 rounded to nearest bf16, or bf16) as the next version."""
+        if not self._resumed:
+            self.resume()
+        try:
+            return self._publish(named_params, version)
+        except (redis.RedisError, OSError):
+            # The commit may or may not have landed: re-read Redis before the next publish.
+            self._resumed = False
+            raise
+
+    def _publish(
+        self, named_params: Mapping[str, torch.Tensor] | torch.nn.Module, version: int | None
+    ) -> PublishResult:
+        latest = self.latest_version
+        if version is None:
+            version = 0 if latest is None else latest + 1
+        elif latest is not None and version <= latest:
+            raise VersionConflictError(f"version {version} is not newer than the published {latest}")
+        tensors = named_tensors(named_params)
+        bits, shapes = {}, {}
+        for name, tensor in tensors.items():
+            flat = bf16_bits(tensor)
+            if tensor.dtype == torch.bfloat16 and tensor.device.type == "cpu":
+                flat = flat.copy()  # a view of the trainer's tensor otherwise
+            bits[name], shapes[name] = flat, tuple(tensor.shape)
+        started = time.perf_counter()
+        reason = self._full_reason(shapes)
+        deltas: dict[str, EncodedDelta] = {}
+        if not reason:
+            assert self._baseline is not None
+            deltas = {
+                name: encode_delta(self._baseline[name], bits[name], overwrite_only=self.overwrite_only)
+                for name in bits
+            }
+            delta_bytes = sum(d.nbytes for d in deltas.values())
+            assert self._last is not None
+            chain_bytes = (self._last.chain_bytes if self._last.kind == "delta" else 0) + delta_bytes
+            if chain_bytes > self.rebase_fraction * self._last.full_bytes:
+                reason = f"delta chain {chain_bytes} B > {self.rebase_fraction} x full {self._last.full_bytes} B"
+        if reason:
+            payload, manifest = self._full_manifest(version, bits, shapes)
+        else:
+            payload, manifest = self._delta_manifest(version, bits, shapes, deltas)
+        encode_seconds = time.perf_counter() - started
+
+        started = time.perf_counter()
+        manifest.chunks = store.write_chunks(self.client, self.keys, version, payload, self.chunk_bytes)
+        manifest_bytes = store.commit(self.client, self.keys, manifest)
+        self._baseline, self._shapes, self._last = bits, shapes, manifest
+        if manifest.kind == "full":
+            self.client.delete(self.keys.weights_rebase)
+            store.apply_retention(self.client, self.keys)
+        write_seconds = time.perf_counter() - started
+
+        encodings: dict[str, int] = {}
+        for enc in deltas.values() if not reason else []:
+            encodings[enc.encoding] = encodings.get(enc.encoding, 0) + 1
+        return PublishResult(
+            version=version,
+            kind=manifest.kind,
+            bytes=len(payload) + manifest_bytes,
+            payload_bytes=len(payload),
+            changed=manifest.changed,
+            numel=manifest.numel,
+            encode_seconds=encode_seconds,
+            write_seconds=write_seconds,
+            encodings=encodings,
+            reason=reason,
+        )
+
+    def _full_reason(self, shapes: dict[str, tuple[int, ...]]) -> str:
+        if self.mode == "full":
+            return "mode is full"
+        if self._baseline is None or self._last is None:
+            return "no baseline (first version, or the stored one is unreadable)"
+        if shapes != self._shapes:
+            return "tensor layout changed"
+        if self._last.chain_length + 1 >= self.rebase_interval:
+            return f"rebase interval {self.rebase_interval} reached"
+        requested = self.client.get(self.keys.weights_rebase)
+        if requested is not None:
+            return f"a reader asked for a rebase: {requested.decode(errors='replace')[:300]}"
+        return ""
+
+    def _full_manifest(
+        self, version: int, bits: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]]
+    ) -> tuple[bytes, Manifest]:
+        as_bf16 = {
+            name: torch.from_numpy(flat.view(np.int16)).view(torch.bfloat16).reshape(shapes[name])
+            for name, flat in bits.items()
+        }
+        payload = safetensors.torch.save(as_bf16)
+        changed = 0
+        if self._baseline is not None and shapes == self._shapes:
+            changed = sum(int(np.count_nonzero(self._baseline[n] != bits[n])) for n in bits)
+        entries = [
+            TensorEntry(name=name, shape=list(shapes[name]), checksum=bits_checksum(flat))
+            for name, flat in bits.items()
+        ]
+        manifest = Manifest(
+            version=version,
+            kind="full",
+            base_version=None,
+            full_version=version,
+            full_bytes=len(payload),
+            payload_bytes=len(payload),
+            numel=sum(int(flat.size) for flat in bits.values()),
+            changed=changed,
+            created_at=time.time(),
+            chunks=[],
+            tensors=entries,
+        )
+        return payload, manifest
+
+    def _delta_manifest(
+        self,
+        version: int,
+        bits: dict[str, np.ndarray],
+        shapes: dict[str, tuple[int, ...]],
+        deltas: dict[str, EncodedDelta],
+    ) -> tuple[bytes, Manifest]:
+        assert self._last is not None
+        previous = {entry.name: entry.checksum for entry in self._last.tensors}
+        entries, parts, offset = [], [], 0
+        for name, enc in deltas.items():
+            blob = enc.payload()
+            entries.append(
+                TensorEntry(
+                    name=name,
+                    shape=list(shapes[name]),
+                    checksum=bits_checksum(bits[name]) if enc.count else previous[name],
+                    offset=offset,
+                    length=len(blob),
+                    changed=enc.count,
+                    encoding=enc.meta() if enc.count else None,
+                )
+            )
+            parts.append(blob)
+            offset += len(blob)
+        payload = b"".join(parts)
+        previous_chain = self._last.chain_bytes if self._last.kind == "delta" else 0
+        manifest = Manifest(
+            version=version,
+            kind="delta",
+            base_version=self._last.version,
+            full_version=self._last.full_version,
+            chain_length=self._last.chain_length + 1,
+            chain_bytes=previous_chain + len(payload),
+            full_bytes=self._last.full_bytes,
+            payload_bytes=len(payload),
+            numel=sum(int(flat.size) for flat in bits.values()),
+            changed=sum(enc.count for enc in deltas.values()),
+            created_at=time.time(),
+            chunks=[],
+            tensors=entries,
+        )
+        return payload, manifest

@@ -1,0 +1,255 @@
+"""Rollout side: bring a model's weights to the newest published version, in place.
+
+A reader remembers which version its target holds. `sync` fetches only the versions after it
+(the deltas), or the newest full export when the reader is new, too far behind (the deltas it
+lacks outweigh a full), or its deltas were dropped by retention. Every chunk is CRC-checked before
+anything is applied and every touched tensor is checksummed after; on any such failure the reader
+forgets its version and refetches, taking the newest full. One reader serves one target.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+
+import redis
+import safetensors.torch
+import torch
+
+from rljob.keys import JobKeys
+from rljob.weights import store
+from rljob.weights.apply import apply_delta, ensure_target, named_tensors, write_full
+from rljob.weights.checksum import tensor_checksum
+from rljob.weights.encoding import DeltaFormatError, EncodedDelta
+from rljob.weights.manifest import Manifest
+from rljob.weights.store import (
+    ChecksumMismatchError,
+    NoWeightsPublishedError,
+    VersionUnavailableError,
+    WeightStoreError,
+)
+
+log = logging.getLogger(__name__)
+
+Target = torch.nn.Module | MutableMapping[str, torch.Tensor]
+
+# Errors after which refetching (from the newest full) can help.
+RECOVERABLE = (store.MissingChunkError, store.CorruptChunkError, ChecksumMismatchError,
+               VersionUnavailableError, DeltaFormatError)  # fmt: skip
+
+
+class WeightLayoutError(WeightStoreError):
+    """The target's tensor names or shapes do not match the published ones (not recoverable)."""
+
+
+@dataclass
+class SyncResult:
+    version: int
+    changed: list[str] = field(default_factory=list)
+    bytes_fetched: int = 0
+    took_full: bool = False
+    versions_applied: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+    recovered_from: list[str] = field(default_factory=list)  # errors met and recovered from
+
+
+class WeightReader:
+    def __init__(self, redis_client: redis.Redis, keys: JobKeys, *, max_attempts: int = 3) -> None:
+        self.client = redis_client
+        self.keys = keys
+        self.max_attempts = max_attempts
+        self.version: int | None = None  # version the target holds, None when unknown
+
+    def latest_version(self) -> int | None:
+        return store.latest_version(self.client, self.keys)
+
+    def wait_for_version(self, min_version: int, timeout: float) -> int:
+        """Block until a version >= `min_version` is committed; returns it. Survives Redis restarts."""
+        deadline = time.monotonic() + timeout
+        pubsub = None
+        try:
+            while True:
+                try:
+                    latest = self.latest_version()
+                    if latest is not None and latest >= min_version:
+                        return latest
+                    if pubsub is None:
+                        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+                        pubsub.subscribe(self.keys.weights_events)
+                        continue  # re-check: a version may have landed before the subscription
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    # Bounded wait: polling `latest` too covers messages missed across reconnects.
+                    pubsub.get_message(timeout=min(remaining, 1.0))
+                except (redis.ConnectionError, redis.TimeoutError):
+                    if pubsub is not None:
+                        pubsub.close()
+                        pubsub = None
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.1)
+        finally:
+            if pubsub is not None:
+                pubsub.close()
+        raise TimeoutError(f"no weight version >= {min_version} within {timeout:.1f}s (latest {self._safe_latest()})")
+
+    def _safe_latest(self) -> int | None:
+        try:
+            return self.latest_version()
+        except redis.RedisError:
+            return None
+
+    def sync(self, target: Target) -> SyncResult:
+        """Bring `target` to the newest committed version; returns what was done."""
+        started = time.perf_counter()
+        errors: list[str] = []
+        for attempt in range(self.max_attempts):
+            try:
+                result = self._sync_once(target, force_full=attempt > 0)
+            except RECOVERABLE as exc:
+                log.warning("weight sync attempt %d failed, refetching from the newest full: %s", attempt + 1, exc)
+                errors.append(f"{type(exc).__name__}: {exc}")
+                continue
+            result.recovered_from = errors
+            result.seconds = time.perf_counter() - started
+            return result
+        message = f"weight sync failed after {self.max_attempts} attempts: {'; '.join(errors)}"
+        # What is stored cannot be applied: ask the publisher for a new full export.
+        self._request_rebase(message)
+        raise WeightStoreError(message + " (asked the publisher for a new full export)")
+
+    def _request_rebase(self, message: str) -> None:
+        try:
+            self.client.set(self.keys.weights_rebase, message[:2000])
+        except redis.RedisError as exc:
+            log.warning("could not request a rebase: %s", exc)
+
+    # ------------------------------------------------------------------ planning
+
+    def _sync_once(self, target: Target, force_full: bool) -> SyncResult:
+        latest = self.latest_version()
+        if latest is None:
+            raise NoWeightsPublishedError(f"no weights published under {self.keys.prefix}")
+        if self.version == latest and not force_full:
+            return SyncResult(version=latest)
+        low = 0 if (self.version is None or force_full) else self.version + 1
+        versions = store.committed_versions(self.client, self.keys, low, latest)
+        manifests = store.read_manifests(self.client, self.keys, versions)
+        nbytes = sum(size for _, size in manifests)
+        chain = self._delta_chain(manifests, latest) if not force_full else None
+        if chain is None:
+            chain = self._from_newest_full(manifests, latest)
+        result = SyncResult(version=latest, bytes_fetched=nbytes)
+        changed: dict[str, None] = {}
+        for manifest in chain:
+            payload = store.read_payload(self.client, manifest)  # every chunk checked before any write
+            self.version = None  # the target is in between versions until verified
+            if manifest.kind == "full":
+                names = self._apply_full(target, manifest, payload)
+                result.took_full = True
+            else:
+                names = self._apply_delta(target, manifest, payload)
+            changed.update(dict.fromkeys(names))
+            result.bytes_fetched += manifest.payload_bytes
+            result.versions_applied.append(manifest.version)
+            self.version = manifest.version
+        result.changed = list(changed)
+        return result
+
+    def _delta_chain(self, manifests: list[tuple[Manifest, int]], latest: int) -> list[Manifest] | None:
+        """The deltas from the held version to `latest`, or None when a full is the way."""
+        if self.version is None or not manifests:
+            return None
+        chain, base = [], self.version
+        for manifest, _ in manifests:
+            if manifest.kind != "delta" or manifest.base_version != base:
+                return None  # a rebase happened, or a gap: the deltas we need are not there
+            chain.append(manifest)
+            base = manifest.version
+        if base != latest:
+            return None
+        # Too far behind: the deltas weigh more than the full they build on.
+        if sum(m.payload_bytes for m in chain) >= chain[-1].full_bytes:
+            return None
+        return chain
+
+    def _from_newest_full(self, manifests: list[tuple[Manifest, int]], latest: int) -> list[Manifest]:
+        by_version = {m.version: m for m, _ in manifests}
+        newest = by_version.get(latest)
+        if newest is None:
+            raise VersionUnavailableError(f"weight version {latest} vanished while syncing")
+        full_version = newest.full_version
+        if full_version not in by_version:
+            extra = store.read_manifests(self.client, self.keys, [full_version])
+            by_version[full_version] = extra[0][0]
+        chain = [by_version[full_version]]
+        for version in sorted(v for v in by_version if full_version < v <= latest):
+            chain.append(by_version[version])
+        for prev, nxt in itertools.pairwise(chain):
+            if nxt.base_version != prev.version:
+                raise VersionUnavailableError(
+                    f"delta {nxt.version} builds on {nxt.base_version}, but the store has {prev.version}"
+                )
+        if chain[0].kind != "full":
+            raise VersionUnavailableError(f"version {full_version} named as a full export is a {chain[0].kind}")
+        return chain
+
+    # ------------------------------------------------------------------ applying
+
+    def _apply_full(self, target: Target, manifest: Manifest, payload: bytes) -> list[str]:
+        published = safetensors.torch.load(payload)
+        names = [entry.name for entry in manifest.tensors]
+        if isinstance(target, torch.nn.Module):
+            tensors = named_tensors(target)
+            missing = sorted(set(names) - set(tensors))
+            extra = sorted(set(tensors) - set(names))
+            if missing or extra:
+                raise WeightLayoutError(
+                    f"model and weight version {manifest.version} disagree: missing in model {missing[:5]}, "
+                    f"not published {extra[:5]}"
+                )
+            for name in names:
+                self._check_shape(tensors[name], published[name].shape, name)
+                write_full(tensors[name], published[name])
+        else:
+            for name in names:
+                if name in target:
+                    self._check_shape(target[name], published[name].shape, name)
+                ensure_target(target, name, published[name])
+            tensors = named_tensors(target)
+        self._verify(tensors, manifest, names)
+        return names
+
+    def _apply_delta(self, target: Target, manifest: Manifest, payload: bytes) -> list[str]:
+        view = memoryview(payload)
+        tensors = named_tensors(target)
+        touched = []
+        for entry in manifest.tensors:
+            if entry.changed == 0 or entry.encoding is None:
+                continue
+            if entry.name not in tensors:
+                raise WeightLayoutError(f"weight version {manifest.version} updates {entry.name}, absent here")
+            enc = EncodedDelta.from_meta(entry.encoding, view[entry.offset : entry.offset + entry.length])
+            apply_delta(tensors[entry.name], enc)
+            touched.append(entry.name)
+        self._verify(tensors, manifest, touched)
+        return touched
+
+    @staticmethod
+    def _check_shape(tensor: torch.Tensor, shape: tuple[int, ...] | torch.Size, name: str) -> None:
+        if tuple(tensor.shape) != tuple(shape):
+            raise WeightLayoutError(f"{name}: target shape {tuple(tensor.shape)}, published {tuple(shape)}")
+
+    @staticmethod
+    def _verify(tensors: dict[str, torch.Tensor], manifest: Manifest, names: list[str]) -> None:
+        expected = {entry.name: entry.checksum for entry in manifest.tensors}
+        for name in names:
+            actual = tensor_checksum(tensors[name])
+            if actual != expected[name]:
+                raise ChecksumMismatchError(
+                    f"weight version {manifest.version}: {name} has checksum {actual}, manifest says {expected[name]}"
+                )

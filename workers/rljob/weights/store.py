@@ -1,0 +1,218 @@
+"""Redis I/O of the weight store: chunks, manifests, the `latest` pointer, retention.
+
+Layout (all under the job's `JobKeys` prefix):
+  weights:v{N}:chunk:{i}   payload bytes of version N, split below `chunk_bytes`
+  weights:v{N}:manifest    JSON `Manifest`, written last
+  weights:versions         sorted set of committed versions (score = version)
+  weights:latest           the newest committed version
+  weights:events           pub/sub channel; each commit publishes the version number
+
+Writing a version: chunks first (any order, any number of round trips), then one Lua script sets
+the manifest, adds the version, moves `latest` and publishes, atomically, and only if the version
+is newer than `latest`. A crash before the script leaves orphan chunks that no manifest names,
+invisible to readers and removed by the next publisher's `drop_orphans`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import redis
+
+from rljob.keys import JobKeys
+from rljob.weights.checksum import chunk_crc
+from rljob.weights.manifest import ChunkRef, Manifest
+
+# Chunks per round trip: bounded so one request stays well below Redis' client buffer limits.
+_BATCH_BYTES = 64 * 1024 * 1024
+
+_COMMIT = """
+local current = redis.call('GET', KEYS[1])
+if current and tonumber(current) >= tonumber(ARGV[1]) then
+  return redis.error_reply('STALE version ' .. ARGV[1] .. ' is not newer than latest ' .. current)
+end
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[1], ARGV[1])
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('PUBLISH', KEYS[4], ARGV[1])
+return 1
+"""
+
+
+class WeightStoreError(RuntimeError):
+    """Base of the weight store's errors."""
+
+
+class MissingChunkError(WeightStoreError):
+    """A chunk a manifest names is gone (evicted by retention, or lost)."""
+
+
+class CorruptChunkError(WeightStoreError):
+    """A chunk's bytes do not match the CRC in its manifest."""
+
+
+class ChecksumMismatchError(WeightStoreError):
+    """A tensor's bf16 checksum after applying a version differs from the manifest."""
+
+
+class VersionUnavailableError(WeightStoreError):
+    """A version is not (or no longer) in the store."""
+
+
+class NoWeightsPublishedError(WeightStoreError):
+    """Nothing has been published for this job yet."""
+
+
+class VersionConflictError(WeightStoreError):
+    """A publish would not move `latest` forward."""
+
+
+def _int(raw: bytes | str | None) -> int | None:
+    return None if raw is None else int(raw)
+
+
+def latest_version(client: redis.Redis, keys: JobKeys) -> int | None:
+    return _int(client.get(keys.weights_latest))
+
+
+def committed_versions(client: redis.Redis, keys: JobKeys, low: int = 0, high: int | None = None) -> list[int]:
+    top = "+inf" if high is None else high
+    return [int(v) for v in client.zrangebyscore(keys.weights_versions, low, top)]
+
+
+def read_manifests(client: redis.Redis, keys: JobKeys, versions: list[int]) -> list[tuple[Manifest, int]]:
+    """Manifests (with their JSON size) of `versions`; raises if one is missing."""
+    if not versions:
+        return []
+    raws = client.mget([keys.weights_manifest(v) for v in versions])
+    out = []
+    for version, raw in zip(versions, raws, strict=True):
+        if raw is None:
+            raise VersionUnavailableError(f"manifest of weight version {version} is missing from {keys.prefix}")
+        out.append((Manifest.from_json(raw), len(raw)))
+    return out
+
+
+def write_chunks(client: redis.Redis, keys: JobKeys, version: int, payload: bytes, chunk_bytes: int) -> list[ChunkRef]:
+    """Split `payload` into chunks of at most `chunk_bytes` and SET them; returns their refs."""
+    if chunk_bytes <= 0:
+        raise ValueError("chunk_bytes must be positive")
+    view = memoryview(payload)
+    refs: list[ChunkRef] = []
+    pipe = client.pipeline(transaction=False)
+    pending = 0
+    for index, start in enumerate(range(0, len(payload), chunk_bytes)):
+        part = view[start : start + chunk_bytes]
+        key = keys.weights_chunk(version, index)
+        pipe.set(key, part.tobytes())
+        refs.append(ChunkRef(key=key, length=len(part), crc=chunk_crc(part)))
+        pending += len(part)
+        if pending >= _BATCH_BYTES:
+            pipe.execute()
+            pending = 0
+    pipe.execute()
+    return refs
+
+
+def read_payload(client: redis.Redis, manifest: Manifest) -> bytes:
+    """The version's payload, every chunk checked against its manifest CRC before use."""
+    parts: list[bytes] = []
+    batch: list[ChunkRef] = []
+
+    def flush() -> None:
+        values = client.mget([ref.key for ref in batch])
+        for ref, value in zip(batch, values, strict=True):
+            index = len(parts)
+            if value is None:
+                raise MissingChunkError(f"weight version {manifest.version}: chunk {index} ({ref.key}) is missing")
+            if len(value) != ref.length or chunk_crc(value) != ref.crc:
+                raise CorruptChunkError(
+                    f"weight version {manifest.version}: chunk {index} ({ref.key}) is corrupt "
+                    f"({len(value)} bytes, crc {chunk_crc(value):#010x}; manifest says "
+                    f"{ref.length} bytes, crc {ref.crc:#010x})"
+                )
+            parts.append(value)
+        batch.clear()
+
+    pending = 0
+    for ref in manifest.chunks:
+        batch.append(ref)
+        pending += ref.length
+        if pending >= _BATCH_BYTES:
+            flush()
+            pending = 0
+    if batch:
+        flush()
+    return b"".join(parts)
+
+
+def commit(client: redis.Redis, keys: JobKeys, manifest: Manifest) -> int:
+    """Atomically publish a manifest whose chunks are written; returns its size in bytes."""
+    raw = manifest.to_json()
+    try:
+        client.eval(
+            _COMMIT,
+            4,
+            keys.weights_latest,
+            keys.weights_manifest(manifest.version),
+            keys.weights_versions,
+            keys.weights_events,
+            manifest.version,
+            raw,
+        )
+    except redis.ResponseError as exc:
+        if "STALE" in str(exc):
+            raise VersionConflictError(str(exc)) from exc
+        raise
+    return len(raw)
+
+
+def drop_versions(client: redis.Redis, keys: JobKeys, versions: Iterable[int]) -> int:
+    """Delete versions (manifest, chunks, membership); returns how many were dropped."""
+    versions = list(versions)
+    if not versions:
+        return 0
+    raws = client.mget([keys.weights_manifest(v) for v in versions])
+    pipe = client.pipeline(transaction=False)
+    for version, raw in zip(versions, raws, strict=True):
+        pipe.zrem(keys.weights_versions, version)
+        pipe.delete(keys.weights_manifest(version))
+        if raw is not None:
+            for ref in Manifest.from_json(raw).chunks:
+                pipe.delete(ref.key)
+    pipe.execute()
+    return len(versions)
+
+
+def apply_retention(client: redis.Redis, keys: JobKeys) -> int:
+    """Keep the newest full export and the deltas after it; drop every older version."""
+    versions = committed_versions(client, keys)
+    if not versions:
+        return 0
+    newest_full = None
+    for manifest, _ in reversed(read_manifests(client, keys, versions)):
+        if manifest.kind == "full":
+            newest_full = manifest.version
+            break
+    if newest_full is None:
+        return 0
+    return drop_versions(client, keys, [v for v in versions if v < newest_full])
+
+
+_VERSION_KEY = re.compile(rb":weights:v(\d+):")
+
+
+def drop_orphans(client: redis.Redis, keys: JobKeys) -> int:
+    """Delete chunk and manifest keys of versions that were never committed (a crashed publish)."""
+    committed = set(committed_versions(client, keys))
+    pattern = re.sub(r"([\[\]*?\\])", r"\\\1", keys.prefix) + "weights:v*"
+    doomed = []
+    for key in client.scan_iter(match=pattern, count=1000):
+        raw = key if isinstance(key, bytes) else key.encode()
+        found = _VERSION_KEY.search(raw)
+        if found and int(found.group(1)) not in committed:
+            doomed.append(key)
+    for start in range(0, len(doomed), 1000):
+        client.delete(*doomed[start : start + 1000])
+    return len(doomed)
