@@ -261,7 +261,7 @@ class LocalCluster:
                 os.killpg(proc.pid, signal.SIGTERM)
         for proc in self.processes.values():
             try:
-                proc.wait(timeout=15)
+                proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
