@@ -112,4 +112,6 @@ class TrainerMetrics(BaseModel):
             (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
             for k, v in raw.items()
         }
-        return cls.model_validate({k: (None if v == "" else v) for k, v in decoded.items()})
+        # "" stands for None only in the optional fields; `message` is legitimately "".
+        nullable = {name for name, f in cls.model_fields.items() if f.default is None}
+        return cls.model_validate({k: (None if v == "" and k in nullable else v) for k, v in decoded.items()})

@@ -1,0 +1,138 @@
+"""From trajectory groups to padded tensors: advantages, stale drops, sharding, micro-batches.
+
+Everything here is deterministic in the order of the groups it is given, so every rank that gets
+the same groups builds the same sample list and takes its own slice of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rljob.protocol import Trajectory, TrajectoryGroup
+from rljob.trainer.advantages import group_advantages, is_degenerate
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One trajectory with its advantage, ready to collate."""
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    behaviour_logprobs: list[float]
+    advantage: float
+    policy_version: int
+
+    @property
+    def num_loss_tokens(self) -> int:
+        # Token 0 is never predicted, so it can never carry loss.
+        return sum(self.loss_mask[1:])
+
+
+@dataclass
+class Selection:
+    """What a step trains on, and what it left out and why."""
+
+    samples: list[Sample]
+    dropped_stale: int  # trajectories older than the allowed policy lag
+    degenerate_groups: int  # groups whose rewards were all equal (no signal)
+    empty: int  # trajectories without a single generated token
+
+
+def is_stale(trajectory: Trajectory, current_version: int, max_policy_lag: int) -> bool:
+    """A sample is stale when its policy is more than `max_policy_lag` versions behind."""
+    return trajectory.policy_version < current_version - max_policy_lag
+
+
+def trainable_samples(
+    groups: Sequence[TrajectoryGroup],
+    *,
+    current_version: int,
+    max_policy_lag: int,
+    scale_rewards: bool,
+) -> Selection:
+    """Drop stale trajectories, compute group-relative advantages, drop signal-free groups.
+
+    Stale trajectories leave their group before the advantages are computed, so the baseline is
+    the mean over the samples actually trained on.
+    """
+    samples: list[Sample] = []
+    dropped = degenerate = empty = 0
+    for group in groups:
+        fresh = [t for t in group.trajectories if not is_stale(t, current_version, max_policy_lag)]
+        dropped += len(group.trajectories) - len(fresh)
+        rewards = [t.reward for t in fresh]
+        if is_degenerate(rewards):
+            degenerate += 1 if fresh else 0
+            continue
+        for traj, adv in zip(fresh, group_advantages(rewards, scale=scale_rewards), strict=True):
+            sample = Sample(
+                token_ids=list(traj.token_ids),
+                loss_mask=list(traj.loss_mask),
+                behaviour_logprobs=list(traj.behaviour_logprobs),
+                advantage=adv,
+                policy_version=traj.policy_version,
+            )
+            if sample.num_loss_tokens == 0:
+                empty += 1
+                continue
+            samples.append(sample)
+    return Selection(samples=samples, dropped_stale=dropped, degenerate_groups=degenerate, empty=empty)
+
+
+def shard(samples: Sequence[Sample], rank: int, world_size: int) -> list[Sample]:
+    """This rank's samples: a strided slice, so shards differ in size by at most one."""
+    return list(samples[rank::world_size])
+
+
+def micro_batches(samples: Sequence[Sample], size: int) -> list[list[Sample]]:
+    return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded tensors; everything after `input_ids` is aligned with the predicted tokens.
+
+    Position j of `targets`, `mask` and `behaviour_logp` describes token j+1 of the sequence,
+    predicted from the logits at position j.
+    """
+
+    input_ids: torch.Tensor  # [b, T]
+    attention_mask: torch.Tensor  # [b, T]
+    targets: torch.Tensor  # [b, T-1]
+    mask: torch.Tensor  # [b, T-1] bool: generated tokens only
+    behaviour_logp: torch.Tensor  # [b, T-1] float32
+    advantages: torch.Tensor  # [b] float32
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.mask.sum())
+
+
+def collate(samples: Sequence[Sample], pad_token_id: int, device: torch.device | str = "cpu") -> MicroBatch:
+    """Pad a micro-batch on the right and shift labels by one."""
+    if not samples:
+        raise ValueError("cannot collate an empty micro-batch")
+    width = max(len(s.token_ids) for s in samples)
+    b = len(samples)
+    ids = torch.full((b, width), pad_token_id, dtype=torch.long)
+    attn = torch.zeros((b, width), dtype=torch.long)
+    mask = torch.zeros((b, width), dtype=torch.bool)
+    old = torch.zeros((b, width), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        n = len(s.token_ids)
+        ids[i, :n] = torch.tensor(s.token_ids, dtype=torch.long)
+        attn[i, :n] = 1
+        mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.bool)
+        old[i, :n] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
+    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    return MicroBatch(
+        input_ids=ids.to(device),
+        attention_mask=attn.to(device),
+        targets=ids[:, 1:].to(device),
+        mask=mask[:, 1:].to(device),
+        behaviour_logp=old[:, 1:].to(device),
+        advantages=adv.to(device),
+    )

@@ -1,0 +1,124 @@
+"""Atomic trainer checkpoints: model, optimiser, step, policy version and every RNG state.
+
+A checkpoint is written to a hidden temporary directory and renamed into place, so a crash mid-write
+leaves the previous checkpoint as the latest; readers only ever see complete `step-NNNNNNNN` folders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+PREFIX = "step-"
+STATE_FILE = "state.pt"
+META_FILE = "meta.json"
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    step: int
+    policy_version: int
+    trainer: dict[str, Any]  # GRPOTrainer.state_dict()
+    rng: dict[str, Any]
+    extra: dict[str, Any]
+
+
+def capture_rng() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _step_dirs(directory: Path) -> list[tuple[int, Path]]:
+    out = []
+    if directory.is_dir():
+        for child in directory.iterdir():
+            if child.is_dir() and child.name.startswith(PREFIX) and (child / META_FILE).exists():
+                try:
+                    out.append((int(child.name[len(PREFIX) :]), child))
+                except ValueError:
+                    continue
+    return sorted(out)
+
+
+def save_checkpoint(
+    directory: str | Path,
+    *,
+    step: int,
+    policy_version: int,
+    trainer_state: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+    keep: int = 2,
+) -> Path:
+    """Write `step-<step>` atomically, then keep only the newest `keep` checkpoints."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"{PREFIX}{step:08d}"
+    tmp = directory / f".tmp-{final.name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    payload = {"trainer": trainer_state, "rng": capture_rng()}
+    torch.save(payload, tmp / STATE_FILE)
+    meta = {"step": step, "policy_version": policy_version, "extra": extra or {}}
+    (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
+    for name in (STATE_FILE, META_FILE):
+        with open(tmp / name, "rb") as fh:
+            os.fsync(fh.fileno())
+    if final.exists():  # the same step written again (e.g. after a restart): replace it
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(directory)
+    for _, old in _step_dirs(directory)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def latest_checkpoint(directory: str | Path) -> Path | None:
+    dirs = _step_dirs(Path(directory))
+    return dirs[-1][1] if dirs else None
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:
+    path = Path(path)
+    meta = json.loads((path / META_FILE).read_text())
+    # Our own file (RNG states include numpy arrays), so the full unpickler is fine here.
+    payload = torch.load(path / STATE_FILE, map_location=map_location, weights_only=False)
+    return Checkpoint(
+        path=path,
+        step=int(meta["step"]),
+        policy_version=int(meta["policy_version"]),
+        trainer=payload["trainer"],
+        rng=payload["rng"],
+        extra=meta.get("extra", {}),
+    )

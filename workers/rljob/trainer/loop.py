@@ -1,0 +1,325 @@
+"""The trainer gang's main loop: Redis in, GRPO steps, weights and metrics out.
+
+Rank 0 does all Redis work (enqueue prompts, collect trajectory groups, publish weights, write
+metrics, evaluate, checkpoint) and hands each step's groups to the other ranks; every rank trains
+on its shard. Versions: the publisher continues the sequence Redis holds, so after a restart the
+first publish (of the checkpointed weights) is simply the next version.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rljob.config import RLJob
+from rljob.keys import JobKeys
+from rljob.protocol import PromptRequest, TrainerMetrics
+from rljob.trainer.checkpoint import latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
+from rljob.trainer.distributed import Gang, broadcast_object, broadcast_parameters, close_gang, init_gang
+from rljob.trainer.grpo import GRPOTrainer, frozen_copy
+from rljob.trainer.metrics import MetricsWriter, rollout_metrics
+
+log = logging.getLogger(__name__)
+
+
+def question_indices(step: int, per_step: int, total: int, seed: int) -> list[int]:
+    """Which training questions step `step` uses: consecutive slices of a per-epoch shuffle.
+
+    A pure function of the step, so a resumed run asks exactly what an uninterrupted one would.
+    """
+    out = []
+    for slot in range(step * per_step, (step + 1) * per_step):
+        epoch, pos = divmod(slot, total)
+        order = list(range(total))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        out.append(order[pos])
+    return out
+
+
+def step_requests(
+    step: int, questions: Sequence[Any], job: RLJob, min_policy_version: int, run_tag: str = ""
+) -> list[PromptRequest]:
+    """Step `step`'s prompts. `run_tag` (the first version this gang process published) keeps ids
+    unique across restarts: rollout workers answer a request id only once, so a restarted trainer
+    that re-asks for a step must use new ids."""
+    grpo = job.spec.grpo
+    idx = question_indices(step, grpo.questions_per_step, len(questions), job.spec.data.seed)
+    return [
+        PromptRequest(
+            request_id=f"s{step}-q{slot}-r{run_tag}-{questions[i].id}",
+            step=step,
+            question_id=questions[i].id,
+            question=questions[i].question,
+            answers=list(questions[i].answers),
+            group_size=grpo.group_size,
+            min_policy_version=min_policy_version,
+        )
+        for slot, i in enumerate(idx)
+    ]
+
+
+def eval_requests(step: int, questions: Sequence[Any], version: int) -> list[PromptRequest]:
+    return [
+        PromptRequest(
+            request_id=f"eval-s{step}-v{version}-{k}-{q.id}",
+            step=step,  # the trainer step whose weights are evaluated
+            question_id=q.id,
+            question=q.question,
+            answers=list(q.answers),
+            group_size=1,
+            min_policy_version=version,
+            greedy=True,
+        )
+        for k, q in enumerate(questions)
+    ]
+
+
+def load_questions(job: RLJob) -> tuple[list[Any], list[Any]]:
+    from rljob.data import load_questions_for_spec
+
+    return load_questions_for_spec(job.spec.data)
+
+
+def load_policy_model(job: RLJob) -> torch.nn.Module:
+    from rljob.trainer.model import load_policy
+
+    return load_policy(job.spec.model)
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def run_trainer(
+    job: RLJob,
+    redis_url: str,
+    checkpoint_dir: str,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    results_dir: str | None = None,
+    progress: bool = True,
+    collect_timeout_s: float | None = None,
+    eval_timeout_s: float = 3600.0,
+) -> None:
+    """Train `job` to `grpo.totalSteps`, resuming from the newest checkpoint in `checkpoint_dir`."""
+    device = _device()
+    gang = init_gang(device, rank=rank, world_size=world_size)
+    client = writer = None
+    metrics = TrainerMetrics(total_steps=job.spec.grpo.total_steps)
+    try:
+        if gang.is_main:
+            import redis
+
+            client = redis.Redis.from_url(redis_url)
+            writer = MetricsWriter(client, JobKeys(job.metadata.namespace, job.metadata.name), results_dir)
+        _train(job, gang, device, client, writer, metrics, checkpoint_dir, progress, collect_timeout_s, eval_timeout_s)
+        if writer is not None:
+            writer.finish(metrics, succeeded=True)
+    except BaseException as exc:
+        if writer is not None:
+            try:
+                writer.finish(metrics, succeeded=False, message=f"{type(exc).__name__}: {exc}")
+            except Exception:  # Redis itself may be what failed
+                log.exception("could not record the failure in Redis")
+        raise
+    finally:
+        close_gang(gang)
+        if client is not None:
+            client.close()
+
+
+def _train(
+    job: RLJob,
+    gang: Gang,
+    device: torch.device,
+    client: Any,
+    writer: MetricsWriter | None,
+    metrics: TrainerMetrics,
+    checkpoint_dir: str,
+    progress: bool,
+    collect_timeout_s: float | None,
+    eval_timeout_s: float,
+) -> None:
+    spec = job.spec
+    grpo = spec.grpo
+    keys = JobKeys(job.metadata.namespace, job.metadata.name)
+    torch.manual_seed(grpo.seed)
+    random.seed(grpo.seed)
+
+    model = load_policy_model(job)
+    ref = frozen_copy(model) if grpo.kl_coef > 0 else None
+    from rljob.trainer.model import pad_token_id_of
+
+    # Behaviour log-probs are of softmax(logits / T) (rljob.engines.base): score with the same T.
+    temperature = spec.agent.temperature if spec.agent.temperature > 0 else 1.0
+    trainer = GRPOTrainer(
+        model, ref, grpo, device, pad_token_id=pad_token_id_of(model), gang=gang, temperature=temperature
+    )
+    broadcast_parameters(gang, trainer.model)  # after the move to the device: nccl broadcasts CUDA tensors
+
+    start_step, ckpt = 0, None
+    if gang.is_main:
+        path = latest_checkpoint(checkpoint_dir)
+        ckpt = load_checkpoint(path) if path is not None else None
+    ckpt = broadcast_object(gang, ckpt)
+    if ckpt is not None:
+        trainer.load_state_dict(ckpt.trainer)
+        restore_rng(ckpt.rng)
+        start_step = ckpt.step
+        log.info("resumed from %s at step %d", ckpt.path, start_step)
+
+    questions = eval_questions = None
+    run_tag = ""
+    publisher = collector = None
+    version = 0
+    if gang.is_main:
+        from rljob.trainer.streams import TrajectoryCollector
+        from rljob.weights import WeightPublisher
+
+        questions, eval_all = load_questions(job)
+        eval_questions = eval_all[: spec.eval.questions]
+        publisher = WeightPublisher.from_spec(client, keys, spec.weight_sync)
+        published = publisher.publish(trainer.model)  # version 0 (full) on a fresh job
+        version = published.version
+        run_tag = str(version)
+        metrics.policy_version, metrics.weight_bytes, metrics.step = version, published.bytes, start_step
+        writer.write(metrics, log=False)
+        collector = TrajectoryCollector(client, keys, consumer=f"trainer-{gang.rank}")
+    version = broadcast_object(gang, version)
+
+    lag = grpo.max_policy_lag
+    dropped_total = 0
+    enqueued_through = start_step - 1
+    bar = _progress_bar(progress and gang.is_main, grpo.total_steps, start_step)
+    for step in range(start_step, grpo.total_steps):
+        step_started = time.perf_counter()
+        groups = entry_ids = None
+        roll: dict[str, float] = {}
+        if gang.is_main:
+            from rljob.trainer.streams import enqueue_prompts
+
+            # Prompts for up to `lag` future steps are already out while this one trains.
+            while enqueued_through < min(step + lag, grpo.total_steps - 1):
+                k = enqueued_through + 1
+                reqs = step_requests(k, questions, job, max(0, version + (k - step) - lag), run_tag)
+                collector.expect(reqs)
+                enqueue_prompts(client, keys.prompts, reqs)
+                enqueued_through = k
+            wanted = [r.request_id for r in step_requests(step, questions, job, 0, run_tag)]
+            groups, entry_ids = collector.collect(step, wanted, timeout_s=collect_timeout_s)
+            roll = rollout_metrics(groups)
+        wait_seconds = time.perf_counter() - step_started
+        groups = broadcast_object(gang, groups)
+
+        stats = trainer.train_step(groups, version)
+
+        if gang.is_main:
+            published = publisher.publish(trainer.model)
+            version = published.version
+            collector.ack(entry_ids)
+            step_seconds = time.perf_counter() - step_started
+            _update(
+                metrics,
+                {
+                    **roll,
+                    "state": "running",
+                    "step": step + 1,
+                    "policy_version": version,
+                    "step_seconds": step_seconds,
+                    "wait_seconds": wait_seconds,
+                    "train_seconds": stats.train_seconds,
+                    "dropped_stale": stats.dropped_stale,
+                    "weight_bytes": published.bytes,
+                    "updated_at": time.time(),
+                },
+            )
+            dropped_total += stats.dropped_stale
+            extra = {f"train_{k}": v for k, v in stats.as_dict().items()}
+            extra.update(
+                weight_kind=published.kind, weight_changed=published.changed, dropped_stale_total=dropped_total
+            )
+            if spec.eval.interval and (step + 1) % spec.eval.interval == 0 and eval_questions:
+                eval_started = time.perf_counter()
+                _evaluate(client, keys, eval_questions, step + 1, version, metrics, eval_timeout_s)
+                extra["eval_seconds"] = time.perf_counter() - eval_started
+            writer.write(metrics, extra)
+            _show(bar, metrics)
+        version = broadcast_object(gang, version)
+
+        if ((step + 1) % grpo.checkpoint_interval == 0 or step + 1 == grpo.total_steps) and gang.is_main:
+            save_checkpoint(
+                checkpoint_dir, step=step + 1, policy_version=version, trainer_state=trainer.state_dict()
+            )
+    if bar is not None:
+        bar.close()
+
+
+def _evaluate(
+    client: Any,
+    keys: JobKeys,
+    questions: Sequence[Any],
+    step: int,
+    version: int,
+    metrics: TrainerMetrics,
+    timeout_s: float,
+) -> None:
+    """Greedy answers to held-out questions from the rollout workers at the just-published version."""
+    from rljob.trainer.streams import eval_round
+
+    try:
+        groups = eval_round(client, keys, eval_requests(step, questions, version), timeout_s=timeout_s)
+    except TimeoutError as exc:
+        log.warning("eval at step %d skipped: %s", step, exc)
+        return
+    result = rollout_metrics(groups)
+    _update(metrics, {"eval_step": step, "eval_exact_match": result["exact_match"], "eval_f1": result["f1"]})
+
+
+def _update(metrics: TrainerMetrics, values: dict[str, Any]) -> None:
+    """In place: `run_trainer` records the final state on this very object."""
+    for name, value in values.items():
+        setattr(metrics, name, value)
+
+
+def _progress_bar(enabled: bool, total: int, initial: int) -> Any:
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, initial=initial, desc="grpo", unit="step", dynamic_ncols=True)
+
+
+def _show(bar: Any, m: TrainerMetrics) -> None:
+    fields = {
+        "reward": f"{m.mean_reward:.3f}",
+        "em": f"{m.exact_match:.3f}",
+        "step_s": f"{m.step_seconds:.1f}",
+        "wait_s": f"{m.wait_seconds:.1f}",
+        "bytes": m.weight_bytes,
+        "v": m.policy_version,
+    }
+    if m.eval_exact_match is not None:
+        fields["eval_em"] = f"{m.eval_exact_match:.3f}"
+    if bar is not None:
+        bar.set_postfix(fields, refresh=False)
+        bar.update(1)
+    else:
+        log.info("step %d/%d %s", m.step, m.total_steps, " ".join(f"{k}={v}" for k, v in fields.items()))
+
+
+def default_checkpoint_dir(job: RLJob) -> str:
+    return str(Path(os.environ.get("RLJOB_CHECKPOINT_DIR", "/checkpoints")) / job.metadata.name)

@@ -1,0 +1,59 @@
+"""Loading the policy the trainer optimises (fp32 master weights) and tiny models for tests.
+
+The trainer needs no tokenizer: rollout workers tokenise, trajectories arrive as token ids. It only
+needs a pad id, which never reaches the loss.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rljob.config import ModelSpec
+
+
+def load_policy(spec: ModelSpec) -> torch.nn.Module:
+    """The policy model in fp32 from a hub name, a local directory or a GGUF file (dequantised).
+
+    Resolves the source exactly as the rollout engines do (`rljob.engines.models.model_source`),
+    so both sides load the same weights; only the dtype differs (fp32 master weights here).
+    """
+    from transformers import AutoModelForCausalLM
+
+    from rljob.engines.models import model_source
+
+    name, kwargs = model_source(spec)
+    return AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, **kwargs)
+
+
+def pad_token_id_of(model: torch.nn.Module) -> int:
+    config = getattr(model, "config", None)
+    for attr in ("pad_token_id", "eos_token_id"):
+        value = getattr(config, attr, None)
+        if isinstance(value, list):
+            value = value[0] if value else None
+        if isinstance(value, int):
+            return value
+    return 0
+
+
+def tiny_causal_lm(vocab_size: int = 64, *, hidden: int = 32, layers: int = 2, seed: int = 0) -> torch.nn.Module:
+    """A randomly initialised Llama small enough to train in milliseconds (tests, toys)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model.float()
