@@ -16,7 +16,7 @@ class PromptRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     request_id: str = Field(description="Unique per (step, question); dedupes redeliveries.")
-    step: int = Field(ge=0, description="Trainer step this prompt is for (eval prompts use -1).")
+    step: int = Field(ge=-1, description="Trainer step this prompt is for (-1: a standalone evaluation).")
     question_id: str
     question: str
     answers: list[str] = Field(description="Gold answers; any match counts.")

@@ -1,0 +1,163 @@
+"""Rollout workers against a real redis-server: exactly one group per prompt, even across a crash."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import redis
+import yaml
+
+from rljob.assets import hotpotqa_dir
+from rljob.config import RLJob
+from rljob.data.hotpotqa import load_questions
+from rljob.engines.hf import HFEngine
+from rljob.engines.models import save_tiny_model, tiny_random_model, train_tiny_tokenizer
+from rljob.keys import ROLLOUT_GROUP, JobKeys
+from rljob.protocol import PromptRequest, TrajectoryGroup
+from rljob.retrieval import Retriever
+from rljob.rollout.worker import run_rollout_worker
+
+pytestmark = pytest.mark.integration
+
+
+def _job(model_dir: str) -> RLJob:
+    data = hotpotqa_dir()
+    return RLJob.model_validate({
+        "metadata": {"name": "t", "namespace": "ns"},
+        "spec": {
+            "model": {"name": model_dir, "dtype": "float32"},
+            "data": {"trainPath": str(data / "train.jsonl"), "evalPath": str(data / "dev.jsonl"),
+                     "maxTrainQuestions": 40},
+            "agent": {"maxTurns": 2, "maxNewTokensPerTurn": 16, "maxTotalTokens": 800},
+            "rollout": {"batchSize": 2},
+        },
+    })  # fmt: skip
+
+
+def _enqueue(client, keys: JobKeys, questions, group_size: int, eval_count: int) -> list[str]:
+    ids = []
+    for i, q in enumerate(questions):
+        is_eval = i < eval_count
+        req = PromptRequest(request_id=f"{'e' if is_eval else 's'}{i}", step=0, question_id=q.id,
+                            question=q.question, answers=q.answers, group_size=group_size, greedy=is_eval)  # fmt: skip
+        client.xadd(keys.eval_prompts if is_eval else keys.prompts, {"data": req.model_dump_json()})
+        ids.append(req.request_id)
+    return ids
+
+
+def _groups(client, stream: str) -> list[TrajectoryGroup]:
+    return [TrajectoryGroup.model_validate_json(f[b"data"]) for _, f in client.xrange(stream)]
+
+
+def _pending(client, stream: str, consumer: str | None = None) -> list[str]:
+    try:
+        rows = client.xpending_range(stream, ROLLOUT_GROUP, "-", "+", 1000, consumername=consumer)
+    except redis.ResponseError:  # the workers have not created the group yet
+        return []
+    return [r["message_id"].decode() for r in rows]
+
+
+def test_in_process_worker_dedupes_and_stops(redis_server, redis_client) -> None:
+    questions = load_questions(hotpotqa_dir() / "dev.jsonl", limit=40)
+    tokenizer = train_tiny_tokenizer(
+        [q.question for q in questions] + [p.text for q in questions[:10] for p in q.context]
+    )
+    engine = HFEngine(tiny_random_model(tokenizer), tokenizer, seed=0)
+    job = _job("unused")
+    keys = JobKeys("ns", "t")
+    ids = _enqueue(redis_client, keys, questions[:3], group_size=2, eval_count=1)
+    again = PromptRequest(request_id="s1", step=0, question_id="x", question="dup?", answers=["a"], group_size=2)
+    stop = threading.Event()
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(s=run_rollout_worker(
+        job, redis_server.url, "w0", stop, engine=engine, retriever=Retriever.from_questions(questions),
+        heartbeat_seconds=0.2, block_ms=100)))  # fmt: skip
+    thread.start()
+    deadline = time.monotonic() + 60
+    while redis_client.xlen(keys.trajectories) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    redis_client.xadd(keys.prompts, {"data": again.model_dump_json()})  # a redelivered request id
+    redis_client.xadd(keys.prompts, {"data": "not json"})
+    deadline = time.monotonic() + 30
+    while _pending(redis_client, keys.prompts) or redis_client.xlen(keys.prompts) < 4:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    heartbeat = json.loads(redis_client.hget(keys.workers, "w0"))
+    assert heartbeat["pid"] == os.getpid()
+    stop.set()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    summary = result["s"]
+    assert summary.groups_published == 3 and summary.duplicates_skipped == 1
+    sampled, evaluated = _groups(redis_client, keys.trajectories), _groups(redis_client, keys.eval_results)
+    assert sorted(g.request_id for g in sampled + evaluated) == sorted(ids)
+    assert [g.request_id for g in evaluated] == ["e0"]
+    assert all(len(g.trajectories) == 2 and g.worker_id == "w0" for g in sampled + evaluated)
+    info = {g["name"].decode(): g for g in redis_client.xinfo_groups(keys.prompts)}[ROLLOUT_GROUP]
+    assert info["pending"] == 0 and info["lag"] == 0
+    assert redis_client.hget(keys.workers, "w0") is None  # a clean exit removes the heartbeat
+
+
+@pytest.mark.slow
+def test_two_workers_one_killed_mid_batch(redis_server, redis_client, tmp_path) -> None:
+    questions = load_questions(hotpotqa_dir() / "dev.jsonl", limit=60)
+    texts = [q.question for q in questions] + [p.text for q in questions[:20] for p in q.context]
+    model_dir = save_tiny_model(tmp_path / "tiny", texts, vocab_size=400)
+    job_path = tmp_path / "job.yaml"
+    job_path.write_text(yaml.safe_dump(_job(str(model_dir)).model_dump(by_alias=True, mode="json")))
+    keys = JobKeys("ns", "t")
+    ids = _enqueue(redis_client, keys, questions[:8], group_size=2, eval_count=2)
+
+    def spawn(worker_id: str) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "rljob.rollout", "--job", str(job_path), "--redis-url", redis_server.url,
+               "--worker-id", worker_id, "--claim-min-idle-ms", "1500", "--heartbeat-seconds", "0.3",
+               "--threads", "1"]  # fmt: skip
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"{worker_id}.log", "wb"))
+
+    victim, survivor = spawn("victim"), spawn("survivor")
+    try:
+        deadline = time.monotonic() + 120
+        held: list[str] = []
+        while not held:
+            assert time.monotonic() < deadline, (tmp_path / "victim.log").read_text()[-3000:]
+            assert victim.poll() is None, (tmp_path / "victim.log").read_text()[-3000:]
+            held = _pending(redis_client, keys.prompts, "victim") + _pending(redis_client, keys.eval_prompts, "victim")
+            time.sleep(0.05)
+        victim.send_signal(signal.SIGKILL)  # mid-batch: it holds prompts it has not answered
+        victim.wait(timeout=10)
+        held_requests = {
+            json.loads(f[b"data"])["request_id"]
+            for stream in (keys.prompts, keys.eval_prompts)
+            for entry_id, f in redis_client.xrange(stream)
+            if entry_id.decode() in held
+        }
+        deadline = time.monotonic() + 180
+        while True:
+            answered = _groups(redis_client, keys.trajectories) + _groups(redis_client, keys.eval_results)
+            if len({g.request_id for g in answered}) == len(ids):
+                break
+            assert time.monotonic() < deadline, (tmp_path / "survivor.log").read_text()[-3000:]
+            assert survivor.poll() is None, (tmp_path / "survivor.log").read_text()[-3000:]
+            time.sleep(0.2)
+        survivor.send_signal(signal.SIGTERM)
+        assert survivor.wait(timeout=60) == 0
+    finally:
+        for proc in (victim, survivor):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    answered = _groups(redis_client, keys.trajectories) + _groups(redis_client, keys.eval_results)
+    assert sorted(g.request_id for g in answered) == sorted(ids)  # every prompt exactly once
+    assert all(len(g.trajectories) == 2 for g in answered)
+    by_request = {g.request_id: g.worker_id for g in answered}
+    assert held_requests and all(by_request[r] == "survivor" for r in held_requests)
+    for stream in (keys.prompts, keys.eval_prompts):
+        assert _pending(redis_client, stream) == []
+    assert redis_client.hget(keys.workers, "survivor") is None

@@ -1,0 +1,111 @@
+"""The transformers engine on a tiny random Llama: cache reuse, batching, log-probs, stops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rljob.assets import hotpotqa_dir
+from rljob.data.hotpotqa import load_questions
+from rljob.engines.base import TurnParams
+from rljob.engines.hf import HFEngine, sample_tokens
+from rljob.engines.models import tiny_random_model, train_tiny_tokenizer
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    questions = load_questions(hotpotqa_dir() / "dev.jsonl", limit=100)
+    texts = [q.question for q in questions] + [p.text for q in questions[:30] for p in q.context]
+    tokenizer = train_tiny_tokenizer(texts, vocab_size=400)
+    return tiny_random_model(tokenizer, seed=1), tokenizer
+
+
+def _contexts(tokenizer) -> list[list[int]]:
+    texts = ["Which city is the capital of France?", "Who wrote it", "The band was formed in 1990 by two brothers."]
+    return [tokenizer.encode(t) for t in texts]
+
+
+def _teacher_forced_logprobs(model, ids: list[int], start: int, temperature: float) -> list[float]:
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float() / temperature
+    logp = torch.log_softmax(logits[:-1], dim=-1)
+    targets = torch.tensor(ids[1:])
+    return logp.gather(-1, targets[:, None])[:, 0][start - 1 :].tolist()
+
+
+def _two_turns(engine: HFEngine, contexts, params_for, inject):
+    first = engine.generate(contexts, params_for(len(contexts)))
+    nexts = [c + o.token_ids + inject for c, o in zip(contexts, first, strict=True)]
+    keep = [0, 2]  # a finished sample drops out between turns
+    second = engine.generate([nexts[i] for i in keep], params_for(len(keep)))
+    return first, [nexts[i] for i in keep], second
+
+
+def test_cache_reuse_matches_fresh_prefill(tiny):
+    model, tokenizer = tiny
+    inject = tokenizer.encode(" <information> Paris is the capital. </information> ")
+
+    def params(n: int) -> TurnParams:
+        return TurnParams(max_new_tokens=[7, 12, 5][:n] if n == 3 else [9, 4], greedy=True)
+
+    reused = HFEngine(model, tokenizer, reuse_cache=True)
+    fresh = HFEngine(model, tokenizer, reuse_cache=False)
+    a1, a_ctx, a2 = _two_turns(reused, _contexts(tokenizer), params, inject)
+    b1, _, b2 = _two_turns(fresh, _contexts(tokenizer), params, inject)
+    assert reused.stats.reused_tokens > 0 and fresh.stats.reused_tokens == 0
+    for x, y in zip(a1 + a2, b1 + b2, strict=True):
+        assert x.token_ids == y.token_ids
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+    # and both equal a plain teacher-forced forward over the whole sequence
+    for ctx, out in zip(a_ctx, a2, strict=True):
+        expected = _teacher_forced_logprobs(model, ctx + out.token_ids, len(ctx), 1.0)
+        assert out.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_batched_greedy_equals_one_at_a_time(tiny):
+    model, tokenizer = tiny
+    engine = HFEngine(model, tokenizer)
+    contexts = _contexts(tokenizer)
+    budgets = [10, 6, 8]
+    batched = engine.generate(contexts, TurnParams(max_new_tokens=budgets, greedy=True))
+    for ctx, budget, out in zip(contexts, budgets, batched, strict=True):
+        single = engine.generate([ctx], TurnParams(max_new_tokens=[budget], greedy=True))[0]
+        assert single.token_ids == out.token_ids
+        assert len(out.token_ids) <= budget
+
+
+def test_sampled_logprobs_are_those_of_the_tempered_distribution(tiny):
+    model, tokenizer = tiny
+    engine = HFEngine(model, tokenizer, seed=3)
+    contexts = _contexts(tokenizer)
+    outs = engine.generate(contexts, TurnParams(max_new_tokens=[12, 12, 12], temperature=0.7))
+    for ctx, out in zip(contexts, outs, strict=True):
+        expected = _teacher_forced_logprobs(model, ctx + out.token_ids, len(ctx), 0.7)
+        assert out.logprobs == pytest.approx(expected, abs=1e-4)
+        assert all(lp <= 0.0 for lp in out.logprobs)
+
+
+def test_stop_string_ends_a_sample_at_the_token_completing_it(tiny):
+    model, tokenizer = tiny
+    engine = HFEngine(model, tokenizer, seed=0)
+    outs = engine.generate(_contexts(tokenizer) * 4, TurnParams(max_new_tokens=[40] * 12, stop=("e",)))
+    assert any(o.finish_reason == "stop" for o in outs)
+    for out in outs:
+        if out.finish_reason == "stop":
+            assert "e" in out.text and "e" not in tokenizer.decode(out.token_ids[:-1])
+        else:
+            assert "e" not in out.text and out.finish_reason in {"length", "eos"}
+
+
+def test_top_p_keeps_the_nucleus_and_renormalises():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    params = TurnParams(max_new_tokens=[1], temperature=1.0, top_p=0.7)
+    gen = torch.Generator().manual_seed(0)
+    seen = {int(sample_tokens(logits, params, gen)[0]) for _ in range(200)}
+    probs = logits.softmax(-1)[0]
+    assert probs[0] < 0.7 < probs[0] + probs[1] and seen == {0, 1}
+    tok, lp = sample_tokens(logits, params, gen)
+    nucleus = probs[:2] / probs[:2].sum()
+    assert float(lp[0]) == pytest.approx(float(nucleus[int(tok[0])].log()), abs=1e-6)

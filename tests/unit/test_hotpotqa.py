@@ -1,0 +1,50 @@
+"""HotpotQA loading (JSON Lines and the original JSON array) and the one-passage-per-title corpus."""
+
+from __future__ import annotations
+
+import json
+
+from rljob.assets import hotpotqa_dir
+from rljob.config import DataSpec
+from rljob.data.hotpotqa import build_corpus, load_questions, load_questions_for_spec, parse_question
+from rljob.retrieval import build_retriever_for_spec
+
+RECORD = {
+    "_id": "q1", "question": " Who? ", "answer": "Ann", "type": "bridge", "level": "easy",
+    "supporting_facts": [["A", 0]],
+    "context": [["A", ["First sentence.", " Second one."]], ["B", ["Other."]]],
+}  # fmt: skip
+
+
+def test_jsonl_and_json_array_give_the_same_questions(tmp_path) -> None:
+    other = {**RECORD, "_id": "q2", "context": [["B", ["Changed."]], ["C", ["Third."]]]}
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps(r) for r in (RECORD, other)) + "\n\n")
+    (tmp_path / "a.json").write_text(json.dumps([RECORD, other]))
+    lines, array = load_questions(tmp_path / "a.jsonl"), load_questions(tmp_path / "a.json")
+    assert lines == array and [q.id for q in lines] == ["q1", "q2"]
+    assert lines[0].question == "Who?" and lines[0].answers == ["Ann"]
+    assert lines[0].context[0].text == "First sentence. Second one."
+    corpus = build_corpus(lines)
+    assert [p.title for p in corpus] == ["A", "B", "C"] and corpus[1].text == "Other."  # first title wins
+    assert load_questions(tmp_path / "a.jsonl", limit=1) == lines[:1]
+
+
+def test_hub_layout_is_normalised() -> None:
+    hub = {"id": "h", "question": "Q", "answer": "x",
+           "context": {"title": ["T1", "T2"], "sentences": [["a ", "b"], ["c"]]}}  # fmt: skip
+    q = parse_question(hub)
+    assert q.id == "h" and [(p.title, p.text) for p in q.context] == [("T1", "a b"), ("T2", "c")]
+
+
+def test_sample_files_and_spec_corpus() -> None:
+    folder = hotpotqa_dir()
+    dev = load_questions(folder / "dev.jsonl")
+    assert len(dev) == 300 and all(q.answers and q.context for q in dev)
+    spec = DataSpec(train_path=str(folder / "train.jsonl"), eval_path=str(folder / "dev.jsonl"),
+                    max_train_questions=40, corpus_from="train")  # fmt: skip
+    train, evaluation = load_questions_for_spec(spec)
+    assert len(train) == 40 and len(evaluation) == 300
+    retriever, _, _ = build_retriever_for_spec(spec)
+    assert len(retriever.passages) == len(build_corpus(train))
+    gold = train[0].context[0]
+    assert retriever.search(gold.title + " " + gold.text[:200], 3)[0] == gold

@@ -1,0 +1,126 @@
+"""Load HotpotQA in its original layout and turn its context paragraphs into a retrieval corpus.
+
+The original files are one JSON array (`hotpot_dev_distractor_v1.json`); the project's sample is
+JSON Lines. Both hold objects with `_id`, `question`, `answer` and `context`
+(`[[title, [sentence, ...]], ...]`). The hub layout (`hotpot_qa`, config `distractor`) stores the
+context as `{"title": [...], "sentences": [[...], ...]}`; it is normalised to the same shape.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rljob.config import DataSpec
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One retrievable paragraph: its Wikipedia title and its text (sentences joined)."""
+
+    title: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    question: str
+    answers: list[str]
+    context: list[Passage] = field(default_factory=list)
+    type: str = ""
+    level: str = ""
+
+
+def _context_passages(raw: Any) -> list[Passage]:
+    if isinstance(raw, Mapping):  # hub layout: parallel lists
+        pairs: Iterable[tuple[Any, Any]] = zip(raw.get("title", []), raw.get("sentences", []), strict=False)
+    else:
+        pairs = ((item[0], item[1]) for item in raw or [])
+    passages = []
+    for title, sentences in pairs:
+        text = "".join(sentences) if isinstance(sentences, list) else str(sentences)
+        passages.append(Passage(title=str(title), text=text.strip()))
+    return passages
+
+
+def parse_question(record: Mapping[str, Any]) -> Question:
+    """One HotpotQA record (file or hub layout) as a Question; the gold answer may be a list."""
+    answer = record.get("answer", record.get("answers", []))
+    answers = [str(a) for a in answer] if isinstance(answer, list) else [str(answer)]
+    return Question(
+        id=str(record.get("_id", record.get("id", ""))),
+        question=str(record["question"]).strip(),
+        answers=answers,
+        context=_context_passages(record.get("context")),
+        type=str(record.get("type", "")),
+        level=str(record.get("level", "")),
+    )
+
+
+def _records(path: Path) -> Iterator[Mapping[str, Any]]:
+    with open(path, encoding="utf-8") as fh:
+        first = ""
+        while not first:
+            ch = fh.read(1)
+            if not ch:
+                return
+            first = ch.strip()
+        fh.seek(0)
+        if first == "[":  # the original release: one JSON array
+            yield from json.load(fh)
+            return
+        for line in fh:
+            if line.strip():
+                yield json.loads(line)
+
+
+def load_questions(path: str | Path, limit: int | None = None) -> list[Question]:
+    """Questions from a HotpotQA JSON (array) or JSON Lines file, in file order."""
+    out: list[Question] = []
+    for record in _records(Path(path)):
+        if limit is not None and len(out) >= limit:
+            break
+        out.append(parse_question(record))
+    return out
+
+
+def load_questions_from_hub(
+    name: str = "hotpotqa/hotpot_qa", split: str = "validation", config: str = "distractor",
+    limit: int | None = None,
+) -> list[Question]:  # fmt: skip
+    """Questions from the hub with `datasets` (only where a cluster can reach the hub)."""
+    import datasets  # optional dependency: not in the worker image's requirements
+
+    dataset = datasets.load_dataset(name, config, split=split)
+    if limit is not None:
+        dataset = dataset.select(range(min(limit, len(dataset))))
+    return [parse_question(record) for record in dataset]
+
+
+def _load(source: str, location: str, limit: int | None) -> list[Question]:
+    if source == "hub":
+        # `name:split` or just a split of the default dataset.
+        name, _, split = location.rpartition(":")
+        return load_questions_from_hub(name or "hotpotqa/hotpot_qa", split or "validation", limit=limit)
+    return load_questions(location, limit=limit)
+
+
+def load_questions_for_spec(spec: DataSpec) -> tuple[list[Question], list[Question]]:
+    """The (train, eval) questions a job uses; train is limited to `max_train_questions`."""
+    train = _load(spec.source, spec.train_path, spec.max_train_questions)
+    evaluation = _load(spec.source, spec.eval_path, None)
+    return train, evaluation
+
+
+def build_corpus(questions: Iterable[Question]) -> list[Passage]:
+    """One passage per distinct title, first occurrence wins, in order of appearance."""
+    seen: dict[str, Passage] = {}
+    for question in questions:
+        for passage in question.context:
+            if passage.title not in seen:
+                seen[passage.title] = passage
+    return list(seen.values())

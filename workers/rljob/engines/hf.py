@@ -1,0 +1,206 @@
+"""Batched multi-turn generation with transformers, reusing the KV cache across turns.
+
+A custom decode loop (not `model.generate`) so that the engine controls three things the RL loop
+needs: the exact behaviour log-prob of every sampled token, stop strings checked per sample, and the
+KV cache kept between turns. After a turn the cache holds, for each sample, every token fed so far
+(the last sampled token is never fed). When the next call's contexts extend those rows (the agent
+appended the stop token and an <information> block) only the new suffixes are prefilled; rows of
+finished samples are dropped with `batch_select_indices`. Suffixes of unequal length are padded on
+the left of the chunk, i.e. in the middle of the sequence: the 2-D attention mask marks those holes
+and position ids are the running count of real tokens, so results equal an unpadded forward.
+Any other call (new questions, a weight update) starts with a fresh prefill.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rljob.config import ModelSpec
+from rljob.engines.base import Completion, GenerationEngine, SyncOutcome, TurnParams, WeightSyncer, outcome_from
+from rljob.engines.models import load_model, load_tokenizer
+
+_STOP_TAIL_TOKENS = 16  # stop strings are short: a tail this long always contains a fresh match
+
+
+@dataclass
+class _CacheState:
+    cache: Any
+    mask: torch.Tensor  # (rows, cached length) 1 = real token
+    rows: list[list[int]]  # tokens whose keys/values the cache holds, per row
+
+
+@dataclass
+class EngineStats:
+    forward_calls: int = 0
+    prefill_tokens: int = 0
+    reused_tokens: int = 0
+    generated_tokens: int = 0
+    generate_seconds: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def _match_rows(rows: list[list[int]], contexts: list[list[int]]) -> list[int] | None:
+    """For each context, the cached row it strictly extends, scanning in order; None if any fails."""
+    picked, start = [], 0
+    for ctx in contexts:
+        for i in range(start, len(rows)):
+            row = rows[i]
+            if len(ctx) > len(row) and ctx[: len(row)] == row:
+                picked.append(i)
+                start = i + 1
+                break
+        else:
+            return None
+    return picked
+
+
+def sample_tokens(
+    logits: torch.Tensor, params: TurnParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, log-probs) from (batch, vocab) logits under the distribution described in base."""
+    logits = logits.float()
+    if params.greedy or params.temperature == 0.0:
+        logp = torch.log_softmax(logits, dim=-1)
+        tokens = logp.argmax(dim=-1)
+        return tokens, logp.gather(-1, tokens[:, None])[:, 0]
+    scaled = logits / params.temperature
+    if params.top_p < 1.0:
+        sorted_logits, order = scaled.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop_sorted = cum - sorted_logits.softmax(-1) >= params.top_p  # keep the token crossing top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scaled = scaled.masked_fill(drop, float("-inf"))
+    logp = torch.log_softmax(scaled, dim=-1)
+    tokens = torch.multinomial(logp.exp(), 1, generator=generator)[:, 0]
+    return tokens, logp.gather(-1, tokens[:, None])[:, 0]
+
+
+class HFEngine(GenerationEngine):
+    """transformers causal LM on CPU or CUDA; one batched forward per decode step for all samples."""
+
+    def __init__(self, model: Any, tokenizer: Any, device: str = "cpu", seed: int = 0, reuse_cache: bool = True):
+        self.model = model.to(device).eval()
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.reuse_cache = reuse_cache
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if tokenizer.eos_token_id is not None:
+            eos_ids.add(tokenizer.eos_token_id)
+        self.eos_ids = eos_ids
+        # transformers 5.x renamed `past_key_values` to `cache` (the old name is deprecated).
+        self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.policy_version = 0
+        self.stats = EngineStats()
+        self._state: _CacheState | None = None
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, device: str = "cpu", seed: int = 0, **kwargs: Any) -> HFEngine:
+        return cls(load_model(spec, device), load_tokenizer(spec), device=device, seed=seed, **kwargs)
+
+    def reset_cache(self) -> None:
+        self._state = None
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+            **{self._cache_arg: cache},
+        )  # fmt: skip
+        self.stats.forward_calls += 1
+        new_cache = out.cache if self._cache_arg == "cache" else out.past_key_values
+        return out.logits[:, -1, :], new_cache
+
+    def _prefill_inputs(self, contexts: list[list[int]]) -> tuple[list[list[int]], Any, torch.Tensor]:
+        state, self._state = self._state, None
+        if state is not None and self.reuse_cache:
+            picked = _match_rows(state.rows, contexts)
+            if picked is not None:
+                if picked != list(range(len(state.rows))):
+                    state.cache.batch_select_indices(torch.tensor(picked, device=self.device))
+                suffixes = [ctx[len(state.rows[i]) :] for ctx, i in zip(contexts, picked, strict=True)]
+                self.stats.reused_tokens += sum(len(state.rows[i]) for i in picked)
+                return suffixes, state.cache, state.mask[picked]
+        empty = torch.zeros((len(contexts), 0), dtype=torch.long, device=self.device)
+        return contexts, None, empty
+
+    @torch.inference_mode()
+    def generate(self, contexts: list[list[int]], params: TurnParams) -> list[Completion]:
+        started = time.perf_counter()
+        batch = len(contexts)
+        if batch == 0:
+            return []
+        if any(n < 1 for n in params.max_new_tokens) or len(params.max_new_tokens) != batch:
+            raise ValueError("max_new_tokens needs one positive budget per context")
+        chunks, cache, mask = self._prefill_inputs(contexts)
+        width = max(len(c) for c in chunks)
+        ids = torch.full((batch, width), self.pad_id, dtype=torch.long, device=self.device)
+        chunk_mask = torch.zeros((batch, width), dtype=torch.long, device=self.device)
+        for b, chunk in enumerate(chunks):
+            if chunk:
+                ids[b, width - len(chunk) :] = torch.tensor(chunk, device=self.device)
+                chunk_mask[b, width - len(chunk) :] = 1
+        mask = torch.cat([mask, chunk_mask], dim=1)
+        self.stats.prefill_tokens += sum(len(c) for c in chunks)
+        logits, cache = self._forward(ids, mask, cache)
+
+        generated: list[list[int]] = [[] for _ in range(batch)]
+        logprobs: list[list[float]] = [[] for _ in range(batch)]
+        finish: list[str | None] = [None] * batch
+        stops: list[str | None] = [None] * batch
+        for _ in range(max(params.max_new_tokens)):
+            tokens, token_lps = sample_tokens(logits, params, self.generator)
+            next_ids, alive = tokens.tolist(), []
+            for b, (tok, lp) in enumerate(zip(next_ids, token_lps.tolist(), strict=True)):
+                if finish[b] is not None:
+                    next_ids[b] = self.pad_id
+                    alive.append(0)
+                    continue
+                generated[b].append(tok)
+                logprobs[b].append(lp)
+                finish[b], stops[b] = self._finished(generated[b], params, params.max_new_tokens[b])
+                alive.append(int(finish[b] is None))
+                if finish[b] is not None:
+                    next_ids[b] = self.pad_id
+            if not any(alive):
+                break
+            mask = torch.cat([mask, torch.tensor(alive, device=self.device)[:, None]], dim=1)
+            logits, cache = self._forward(torch.tensor(next_ids, device=self.device)[:, None], mask, cache)
+
+        # Every row's last sampled token was never fed: the cache holds context + generated[:-1].
+        self._state = _CacheState(cache, mask, [ctx + gen[:-1] for ctx, gen in zip(contexts, generated, strict=True)])
+        self.stats.generated_tokens += sum(len(g) for g in generated)
+        self.stats.generate_seconds += time.perf_counter() - started
+        return [
+            Completion(gen, lps, self.tokenizer.decode(gen, skip_special_tokens=True), fin or "length", stop)
+            for gen, lps, fin, stop in zip(generated, logprobs, finish, stops, strict=True)
+        ]
+
+    def _finished(self, generated: list[int], params: TurnParams, budget: int) -> tuple[str | None, str | None]:
+        if generated[-1] in self.eos_ids:
+            return "eos", None
+        if params.stop:
+            tail = self.tokenizer.decode(generated[-_STOP_TAIL_TOKENS:], skip_special_tokens=True)
+            for stop in params.stop:
+                if stop in tail:
+                    return "stop", stop
+        if len(generated) >= budget:
+            return "length", None
+        return None, None
+
+    def sync_weights(self, reader: WeightSyncer) -> SyncOutcome:
+        outcome = outcome_from(reader.sync(self.model))
+        if outcome.version != self.policy_version or outcome.changed:
+            self._state = None  # keys/values computed by the old weights are stale
+        self.policy_version = outcome.version
+        return outcome
+
+    def close(self) -> None:
+        self._state = None
