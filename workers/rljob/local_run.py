@@ -55,8 +55,10 @@ class LocalRun:
             out = open(log_path, "wb")  # noqa: SIM115 - handed to the child
         else:
             out = None
+        # Workers and trainers take turns on the same cores: idle OpenMP threads must sleep, not spin.
+        env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, **env}
         process = subprocess.Popen(
-            [sys.executable, "-m", "rljob.cli", *args], env={**os.environ, **env},
+            [sys.executable, "-m", "rljob.cli", *args], env=env,
             stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True,
         )  # fmt: skip
         if out:

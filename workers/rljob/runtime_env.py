@@ -13,7 +13,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field
 
-from rljob.assets import hotpotqa_dir, smollm2_gguf
+from rljob.assets import hotpotqa_dir, smollm2_model_dir
 from rljob.config import RLJob, load_rljob
 
 BUNDLED_MODEL = "bundled:smollm2-135m-instruct"
@@ -79,8 +79,12 @@ def resolve_bundled(job: RLJob) -> RLJob:
     """
     spec = job.spec.model_copy(deep=True)
     if spec.model.name == BUNDLED_MODEL:
-        gguf = smollm2_gguf()
-        spec.model.name, spec.model.gguf_file = str(gguf.parent), gguf.name
+        spec.model.name, spec.model.gguf_file = str(smollm2_model_dir()), None
+    elif spec.model.name.startswith(("/", "./", "../", "~")) and not Path(spec.model.name).expanduser().exists():
+        raise FileNotFoundError(
+            f"spec.model.name: {spec.model.name} does not exist (pass a model directory or .gguf file, or "
+            f"{BUNDLED_MODEL} for the bundled SmolLM2-135M-Instruct)"
+        )
     for attr in ("train_path", "eval_path"):
         value = getattr(spec.data, attr)
         if value.startswith("bundled:"):

@@ -179,6 +179,8 @@ def _train(
         restore_rng(ckpt.rng)
         start_step = ckpt.step
         log.info("resumed from %s at step %d", ckpt.path, start_step)
+    elif spec.warmup.enabled:
+        warm_up(job, gang, trainer, device, writer, progress)
 
     questions = eval_questions = None
     run_tag = ""
@@ -197,6 +199,12 @@ def _train(
         metrics.policy_version, metrics.weight_bytes, metrics.step = version, published.bytes, start_step
         writer.write(metrics, log=False)
         collector = TrajectoryCollector(client, keys, consumer=f"trainer-{gang.rank}")
+        if ckpt is None and spec.eval.interval and eval_questions:
+            # The starting point (after any warm-up), so every run reports before and after.
+            before = _evaluate(client, keys, eval_questions, 0, version, metrics, eval_timeout_s)
+            if before is not None:
+                writer.write_eval("eval_before", before)
+                writer.write(metrics, log=False)
     version = broadcast_object(gang, version)
 
     lag = grpo.max_policy_lag
@@ -250,10 +258,13 @@ def _train(
             extra.update(
                 weight_kind=published.kind, weight_changed=published.changed, dropped_stale_total=dropped_total
             )
-            if spec.eval.interval and (step + 1) % spec.eval.interval == 0 and eval_questions:
+            last = step + 1 == grpo.total_steps
+            if spec.eval.interval and eval_questions and ((step + 1) % spec.eval.interval == 0 or last):
                 eval_started = time.perf_counter()
-                _evaluate(client, keys, eval_questions, step + 1, version, metrics, eval_timeout_s)
+                result = _evaluate(client, keys, eval_questions, step + 1, version, metrics, eval_timeout_s)
                 extra["eval_seconds"] = time.perf_counter() - eval_started
+                if result is not None and last:
+                    writer.write_eval("eval_after", result)
             writer.write(metrics, extra)
             _show(bar, metrics)
         version = broadcast_object(gang, version)
@@ -266,6 +277,26 @@ def _train(
         bar.close()
 
 
+def warm_up(
+    job: RLJob, gang: Gang, trainer: GRPOTrainer, device: torch.device, writer: MetricsWriter | None, progress: bool
+) -> None:
+    """Supervised protocol warm-up on rank 0, before version 0 is published; a fresh job only.
+
+    Every rank then receives rank 0's weights, and a KL reference becomes the warmed-up policy.
+    """
+    if gang.is_main:
+        from rljob.warmup import warmup_for_job
+
+        result = warmup_for_job(job, trainer.model, device, progress=progress)
+        log.info("warm-up: %d demonstrations, %d steps, loss %.3f -> %.3f in %.0fs", result.examples,
+                 result.steps, result.first_loss, result.last_loss, result.seconds)  # fmt: skip
+        if writer is not None:
+            writer.write_eval("warmup", result.as_dict())
+    broadcast_parameters(gang, trainer.model)
+    if trainer.ref_model is not None:
+        trainer.ref_model.load_state_dict(trainer.model.state_dict())
+
+
 def _evaluate(
     client: Any,
     keys: JobKeys,
@@ -274,7 +305,7 @@ def _evaluate(
     version: int,
     metrics: TrainerMetrics,
     timeout_s: float,
-) -> None:
+) -> dict[str, Any] | None:
     """Greedy answers to held-out questions from the rollout workers at the just-published version."""
     from rljob.trainer.streams import eval_round
 
@@ -282,9 +313,10 @@ def _evaluate(
         groups = eval_round(client, keys, eval_requests(step, questions, version), timeout_s=timeout_s)
     except TimeoutError as exc:
         log.warning("eval at step %d skipped: %s", step, exc)
-        return
+        return None
     result = rollout_metrics(groups)
     _update(metrics, {"eval_step": step, "eval_exact_match": result["exact_match"], "eval_f1": result["f1"]})
+    return {**result, "step": step, "policy_version": version, "questions": len(groups)}
 
 
 def _update(metrics: TrainerMetrics, values: dict[str, Any]) -> None:

@@ -57,6 +57,11 @@ class MetricsWriter:
             with open(self.jsonl, "a", encoding="utf-8") as fh:
                 fh.write(line + "\n")
 
+    def write_eval(self, name: str, result: dict[str, Any]) -> None:
+        """Keep a held-out evaluation as `NAME.json` beside metrics.jsonl (local runs)."""
+        if self.jsonl is not None:
+            (self.jsonl.parent / f"{name}.json").write_text(json.dumps(result, indent=2, sort_keys=True))
+
     def finish(self, metrics: TrainerMetrics, *, succeeded: bool, message: str = "") -> None:
         """Final state; success also raises the `done` flag the rollout workers and operator watch."""
         metrics.state = "succeeded" if succeeded else "failed"

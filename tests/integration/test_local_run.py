@@ -1,0 +1,97 @@
+"""`rljob run --local` end to end on a tiny random model: real redis-server, real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rljob.assets import hotpotqa_dir
+from rljob.data.hotpotqa import load_questions
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    from rljob.engines.models import save_tiny_model
+
+    texts = [q.question for q in load_questions(hotpotqa_dir() / "train.jsonl", limit=200)]
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"), texts, vocab_size=256)
+
+
+def write_manifest(path: Path, model: Path | str, total_steps: int = 2) -> Path:
+    manifest = {
+        "apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "local-test"},
+        "spec": {
+            "model": {"name": str(model)},
+            "data": {"trainPath": "bundled:train.jsonl", "evalPath": "bundled:dev.jsonl", "maxTrainQuestions": 20},
+            "agent": {"maxTurns": 2, "maxNewTokensPerTurn": 12, "maxTotalTokens": 400, "formatReward": 0.2},
+            "grpo": {"groupSize": 2, "questionsPerStep": 2, "microBatchSize": 4, "totalSteps": total_steps,
+                     "learningRate": 1e-3, "checkpointInterval": 1},
+            "rollout": {"batchSize": 2},
+            "eval": {"interval": 2, "questions": 3},
+        },
+    }  # fmt: skip
+    path.write_text(yaml.safe_dump(manifest))
+    return path
+
+
+def rljob(*args: str, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "rljob.cli", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, **kwargs)  # fmt: skip
+
+
+def leftover_processes(marker: str) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+def test_local_run_completes_with_results_and_no_stray_processes(tmp_path, tiny_model):
+    results = tmp_path / "results"
+    manifest = write_manifest(tmp_path / "job.yaml", tiny_model)
+    proc = rljob("run", str(manifest), "--local", "--results", str(results))
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    rows = [json.loads(line) for line in (results / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[-1]["state"] == "running" and rows[-1]["policy_version"] >= 2
+    before = json.loads((results / "eval_before.json").read_text())
+    after = json.loads((results / "eval_after.json").read_text())
+    assert before["questions"] == after["questions"] == 3
+    assert before["step"] == 0 and after["step"] == 2
+    for png in ("reward.png", "eval.png", "step_time.png", "weight_bytes.png"):
+        assert (results / png).stat().st_size > 1000
+    assert "eval before: EM" in out and "eval after: EM" in out
+    assert leftover_processes(str(results)) == []
+
+
+def test_ctrl_c_stops_every_child(tmp_path, tiny_model):
+    results = tmp_path / "results"
+    manifest = write_manifest(tmp_path / "job.yaml", tiny_model, total_steps=1000)
+    proc = rljob("run", str(manifest), "--local", "--results", str(results))
+    deadline = time.monotonic() + 300
+    while not (results / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert (results / "metrics.jsonl").exists(), "the run never reached its first step"
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "interrupted" in out
+    assert leftover_processes(str(results)) == []
+
+
+def test_missing_model_is_a_clear_error(tmp_path):
+    manifest = write_manifest(tmp_path / "job.yaml", tmp_path / "no-such-model")
+    proc = rljob("run", str(manifest), "--local", "--results", str(tmp_path / "results"))
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    assert "no-such-model" in out

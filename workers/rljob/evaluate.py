@@ -1,0 +1,92 @@
+"""`rljob eval`: greedy Search-R1 evaluation of a model or a trainer checkpoint on a question file.
+
+Runs in one process with the same agent loop, retriever and rewards as the rollout workers, so
+its numbers are comparable with the evaluations the trainer runs through the workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rljob.protocol import PromptRequest, TrajectoryGroup
+
+
+def summarise_eval(groups: Sequence[TrajectoryGroup]) -> dict[str, float | int]:
+    """EM, F1, format rate and searches per question over greedy groups (one sample each)."""
+    from rljob.trainer.metrics import rollout_metrics
+
+    summary: dict[str, float | int] = dict(rollout_metrics(groups))
+    summary["questions"] = len(groups)
+    return summary
+
+
+def eval_requests(questions: Sequence[Any], tag: str = "eval") -> list[PromptRequest]:
+    return [
+        PromptRequest(request_id=f"{tag}-{i}-{q.id}", step=-1, question_id=q.id, question=q.question,
+                      answers=list(q.answers), group_size=1, greedy=True)  # fmt: skip
+        for i, q in enumerate(questions)
+    ]
+
+
+def evaluate_engine(engine: Any, retriever: Any, questions: Sequence[Any], agent_spec: Any,
+                    batch_size: int = 8, progress: bool = True) -> dict[str, float | int]:
+    """Greedy-evaluate `engine` on `questions`, printing a progress line per batch."""
+    from rljob.agent.rollout import generate_groups
+
+    requests = eval_requests(questions)
+    groups: list[TrajectoryGroup] = []
+    started = time.perf_counter()
+    for start in range(0, len(requests), batch_size):
+        groups += generate_groups(engine, retriever, requests[start : start + batch_size], agent_spec)
+        if progress:
+            running = summarise_eval(groups)
+            print(f"[eval] {len(groups)}/{len(requests)} questions  EM {running['exact_match']:.3f}  "
+                  f"F1 {running['f1']:.3f}  {time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
+    return summarise_eval(groups)
+
+
+def load_checkpoint_weights(path: str | Path) -> dict[str, Any]:
+    """The policy's parameters from a trainer checkpoint directory (a step dir or its parent)."""
+    from rljob.trainer.checkpoint import latest_checkpoint, load_checkpoint
+
+    chosen = Path(path)
+    if not (chosen / "state.pt").exists():
+        found = latest_checkpoint(chosen)
+        if found is None:
+            raise FileNotFoundError(f"no trainer checkpoint in {path}")
+        chosen = found
+    state = load_checkpoint(chosen).trainer
+    return state["model"] if "model" in state else state
+
+
+def evaluate_cli(args: argparse.Namespace) -> int:
+    import torch
+
+    from rljob.config import load_rljob
+    from rljob.data.hotpotqa import load_questions
+    from rljob.engines import load_engine
+    from rljob.retrieval import build_retriever_for_spec
+    from rljob.runtime_env import resolve_bundled
+
+    job = resolve_bundled(load_rljob(args.file))
+    retriever, _, eval_questions = build_retriever_for_spec(job.spec.data)
+    questions = load_questions(args.questions, limit=args.limit) if args.questions else eval_questions
+    questions = questions[: args.limit] if args.limit else questions
+    engine = load_engine(job.spec.model, "hf", "cuda" if torch.cuda.is_available() else "cpu")
+    if args.checkpoint:
+        weights = load_checkpoint_weights(args.checkpoint)
+        missing, unexpected = engine.model.load_state_dict(weights, strict=False)
+        if unexpected or [m for m in missing if "lm_head" not in m]:
+            raise SystemExit(f"checkpoint does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    result = evaluate_engine(engine, retriever, questions, job.spec.agent)
+    result["checkpoint"] = str(args.checkpoint) if args.checkpoint else "untrained"
+    print(json.dumps(result))
+    if args.output:
+        Path(args.output).write_text(json.dumps(result, indent=2))
+    return 0
