@@ -17,7 +17,7 @@ import torch
 from _common import RESULTS, finish, progress
 
 from rljob.agent.rollout import generate_groups
-from rljob.assets import hotpotqa_dir, smollm2_gguf
+from rljob.assets import hotpotqa_dir, smollm2_model_dir
 from rljob.config import AgentSpec, ModelSpec
 from rljob.data.hotpotqa import build_corpus, load_questions
 from rljob.engines.hf import HFEngine
@@ -59,8 +59,8 @@ def main() -> None:
     train = load_questions(folder / "train.jsonl")
     retriever = Retriever(build_corpus(train + load_questions(folder / "dev.jsonl")))
     progress(f"corpus {len(retriever.passages)} passages (train+dev), index {retriever.build_seconds:.1f}s")
-    gguf = smollm2_gguf()
-    engine = HFEngine.from_spec(ModelSpec(name=str(gguf), dtype="float32"), device="cpu")
+    model_dir = smollm2_model_dir()
+    engine = HFEngine.from_spec(ModelSpec(name=str(model_dir), dtype="float32"), device="cpu")
     spec = AgentSpec()  # the job defaults: 4 turns, 64 tokens a turn, 1024 in all, top-3, 60-word passages
     direct = spec.model_copy(update={"max_turns": 1})
     started = time.perf_counter()
@@ -90,7 +90,7 @@ def main() -> None:
     seconds = time.perf_counter() - started
     protocol, no_search = _metrics(groups), _metrics(direct_groups)
     summary = {
-        "benchmark": "baseline", "quick": args.quick, "model": gguf.name, "device": "cpu",
+        "benchmark": "baseline", "quick": args.quick, "model": "SmolLM2-135M-Instruct", "device": "cpu",
         "threads": args.threads, "seconds": seconds, "agent": spec.model_dump(),
         "search_protocol": protocol, "direct_answer": no_search,
     }  # fmt: skip

@@ -15,7 +15,7 @@ import torch
 from _common import RESULTS, finish, progress
 
 from rljob.agent.prompt import information_block, prompt_ids
-from rljob.assets import hotpotqa_dir, smollm2_gguf
+from rljob.assets import hotpotqa_dir, smollm2_model_dir
 from rljob.config import ModelSpec
 from rljob.data.hotpotqa import load_questions
 from rljob.engines.base import TurnParams
@@ -38,8 +38,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     batch, tokens = (4, 24) if args.quick else (args.batch, args.tokens)
-    gguf = smollm2_gguf()
-    spec = ModelSpec(name=str(gguf), dtype="float32")
+    model_dir = smollm2_model_dir()
+    spec = ModelSpec(name=str(model_dir), dtype="float32")
     engine = HFEngine.from_spec(spec, device="cpu", seed=0, reuse_cache=False)
     # the eos token is removed from the stop set so that every sample runs the full budget
     engine.eos_ids = set()
@@ -67,7 +67,7 @@ def main() -> None:
     fresh_s, fresh_tokens, _ = _timed(engine, second, tokens)  # the same contexts, prefilled whole
     progress(f"turn 2 fresh prefill: {fresh_tokens / fresh_s:.1f} tok/s; reuse: {reuse_tokens / reuse_s:.1f} tok/s")
     summary = {
-        "benchmark": "engine_hf", "quick": args.quick, "model": gguf.name, "device": "cpu", "threads": args.threads,
+        "benchmark": "engine_hf", "quick": args.quick, "model": "SmolLM2-135M-Instruct", "device": "cpu", "threads": args.threads,
         "batch": batch, "new_tokens": tokens, "prompt_tokens_mean": sum(map(len, contexts)) / batch,
         "sequential_tokens_per_s": sequential_tokens / sequential_s,
         "batched_tokens_per_s": batched_tokens / batched_s,
