@@ -1,0 +1,19 @@
+# The rljob worker image: rollout workers (`rljob rollout`) and trainers (`rljob train`).
+# Build from the repository root: docker build -f docker/workers.Dockerfile -t rljob-workers .
+# For the vLLM engine, build on a CUDA base with `.[workers,vllm]` instead.
+FROM python:3.11.11-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HOME=/tmp HF_HOME=/tmp/hf
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY workers/ workers/
+COPY operator/ operator/
+RUN pip install ".[workers]" && rm -rf /src
+
+# uid 1000 matches the runAsUser the operator renders for worker pods.
+RUN groupadd --gid 1000 rljob && useradd --uid 1000 --gid 1000 --no-create-home --shell /usr/sbin/nologin rljob
+USER 1000:1000
+WORKDIR /tmp
+ENTRYPOINT ["rljob"]
+CMD ["--help"]

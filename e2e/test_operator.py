@@ -1,0 +1,475 @@
+"""The operator against the real control plane: chart, RBAC, children, pods on kwok GPU nodes,
+validation, preflight failures, restarts of the operator, suspend/resume, gang failures, deletion.
+
+The chart is installed with replicaCount=0 and the operator runs from source with the chart's
+ServiceAccount token, so every test also proves the chart's RBAC is sufficient.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rljob_operator.devrun import OperatorProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "charts" / "rljob"
+TINY = yaml.safe_load((ROOT / "examples" / "rljob-tiny.yaml").read_text())
+SEARCH_R1 = yaml.safe_load((ROOT / "examples" / "rljob-search-r1.yaml").read_text())
+OP_NS = "rljob-system"
+SA = "rljob"
+CHILD_KINDS = (
+    "configmap",
+    "secret",
+    "service",
+    "statefulset",
+    "networkpolicy",
+    "deployment",
+    "job",
+    "workloads.scheduling.k8s.io",
+    "podgroups.scheduling.k8s.io",
+)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 60, interval: float = 0.5, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+class Ops:
+    """kubectl helpers bound to the cluster and the running operator."""
+
+    def __init__(self, cluster, operator: OperatorProcess) -> None:
+        self.cluster = cluster
+        self.operator = operator
+
+    def json(self, *args: str) -> Any:
+        out = self.cluster.kubectl(*args, "-o", "json", check=False)
+        return json.loads(out.stdout) if out.returncode == 0 else None
+
+    def rljob(self, ns: str, name: str) -> dict[str, Any]:
+        return self.json("get", "rljob", name, "-n", ns) or {}
+
+    def status(self, ns: str, name: str) -> dict[str, Any]:
+        return self.rljob(ns, name).get("status", {})
+
+    def condition(self, ns: str, name: str, ctype: str) -> dict[str, Any]:
+        return next((c for c in self.status(ns, name).get("conditions", []) if c["type"] == ctype), {})
+
+    def apply(self, ns: str, manifest: dict[str, Any], check: bool = True):
+        return self.cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(manifest), check=check)
+
+    def pods(self, ns: str, role: str, name: str) -> list[dict[str, Any]]:
+        out = self.json("get", "pods", "-n", ns, "-l", f"rljob.dev/job={name},rljob.dev/role={role}")
+        return (out or {}).get("items", [])
+
+    def running(self, ns: str, role: str, name: str, count: int) -> list[dict[str, Any]] | None:
+        pods = [
+            p
+            for p in self.pods(ns, role, name)
+            if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        ]
+        return pods if len(pods) == count else None
+
+    def children(self, ns: str, name: str) -> list[dict[str, Any]]:
+        out = self.json("get", ",".join(CHILD_KINDS), "-n", ns, "-l", f"rljob.dev/job={name}")
+        items = [i for i in (out or {}).get("items", []) if i["kind"] != "Pod"]
+        return [i for i in items if i["metadata"].get("ownerReferences", [{}])[0].get("kind") == "RLJob"]
+
+
+@pytest.fixture(scope="module")
+def ops(cluster, tmp_path_factory) -> Iterator[Ops]:
+    cluster.helm(
+        "upgrade",
+        "--install",
+        "rljob",
+        str(CHART),
+        "-n",
+        OP_NS,
+        "--create-namespace",
+        "--set",
+        "replicaCount=0",
+        "--wait",
+    )
+    kubeconfig = cluster.kubeconfig_for_serviceaccount(OP_NS, SA)
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    operator = OperatorProcess(kubeconfig, log).start()
+    try:
+        yield Ops(cluster, operator)
+    finally:
+        operator.stop()
+        print(operator.log_tail(3000))
+    text = log.read_text(errors="replace")
+    # An RBAC denial names the user; other 403s (a namespace being deleted) are not the chart's fault.
+    denied = re.findall(rf'serviceaccount:{OP_NS}:{SA}\\?" cannot [^"\\]*', text)
+    assert not denied, f"the chart's RBAC denied the operator: {sorted(set(denied))}"
+    assert "Traceback" not in text, f"operator crashed in a handler:\n{text[-4000:]}"
+
+
+@pytest.fixture
+def ns(cluster) -> Iterator[str]:
+    name = f"op-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def tiny(name: str = "tiny", **spec: Any) -> dict[str, Any]:
+    doc = json.loads(json.dumps(TINY))
+    doc["metadata"]["name"] = name
+    for key, value in spec.items():
+        if isinstance(value, dict):
+            doc["spec"].setdefault(key, {}).update(value)
+        else:
+            doc["spec"][key] = value
+    return doc
+
+
+def test_chart_lints_and_renders(cluster) -> None:
+    assert "0 chart(s) failed" in cluster.helm("lint", str(CHART)).stdout
+    assert "0 chart(s) failed" in cluster.helm("lint", str(CHART), "--set", "replicaCount=0").stdout
+    bad = cluster.helm("lint", str(CHART), "--set", "replicaCount=3", check=False)
+    assert bad.returncode != 0 and "replicaCount" in bad.stdout + bad.stderr
+    rendered = cluster.helm("template", "r", str(CHART), "--include-crds").stdout
+    kinds = {d["kind"] for d in yaml.safe_load_all(rendered) if d}
+    assert {
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "Service",
+    } <= kinds
+
+
+def test_explain_teaches_the_api(ops: Ops) -> None:
+    out = ops.cluster.kubectl("explain", "rljob.spec.grpo").stdout
+    assert "groupSize" in out and "Samples per question" in out
+    assert "learningRate" in ops.cluster.kubectl("explain", "rljob.spec.grpo.learningRate").stdout
+
+
+def test_happy_path_children_pods_status_columns(ops: Ops, ns: str) -> None:
+    ops.apply(ns, tiny())
+    kinds = wait_for(
+        lambda: (k := sorted(c["kind"] for c in ops.children(ns, "tiny"))) and len(k) >= 10 and k,
+        timeout=60,
+        what="all children",
+    )
+    assert kinds == sorted(
+        [
+            "ConfigMap",
+            "Secret",
+            "Service",
+            "Service",
+            "StatefulSet",
+            "NetworkPolicy",
+            "Deployment",
+            "Job",
+            "Workload",
+            "PodGroup",
+        ]
+    )
+    uid = ops.rljob(ns, "tiny")["metadata"]["uid"]
+    for child in ops.children(ns, "tiny"):
+        (ref,) = child["metadata"]["ownerReferences"]
+        assert ref["uid"] == uid and ref["controller"] is True, child["metadata"]["name"]
+    trainers = wait_for(lambda: ops.running(ns, "trainer", "tiny", 2), timeout=90, what="2 trainers Running")
+    indexes = sorted(p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] for p in trainers)
+    assert indexes == ["0", "1"]
+    assert all(p["spec"]["nodeName"].startswith("kwok-gpu-") for p in trainers)
+    assert all(p["spec"]["schedulingGroup"] == {"podGroupName": "tiny-trainer"} for p in trainers)
+    wait_for(lambda: ops.running(ns, "rollout", "tiny", 1), timeout=60, what="rollout Running")
+    wait_for(lambda: ops.status(ns, "tiny").get("phase") == "Running", timeout=30, what="phase Running")
+    st = ops.status(ns, "tiny")
+    assert st["observedGeneration"] == 1 and st["restarts"] == 0
+    assert ops.condition(ns, "tiny", "TrainersReady")["status"] == "True"
+    # No Redis is reachable from the host for kwok pods: a condition, not a crash.
+    assert ops.condition(ns, "tiny", "MetricsAvailable")["reason"] in ("RedisUnreachable", "NoMetricsYet")
+    table = ops.cluster.kubectl("get", "rljobs", "-n", ns).stdout
+    header = table.splitlines()[0].split()
+    assert header == ["NAME", "PHASE", "STEP", "REWARD", "EM", "VERSION", "ROLLOUTS", "AGE"]
+    assert table.splitlines()[1].split()[:2] == ["tiny", "Running"]
+    # The generated password never shows in status or events.
+    secret = ops.json("get", "secret", "tiny-redis", "-n", ns)
+    password = base64.b64decode(secret["data"]["password"]).decode()
+    assert len(password) >= 32
+    events = ops.cluster.kubectl("get", "events", "-n", ns, "-o", "json").stdout
+    assert password not in json.dumps(ops.rljob(ns, "tiny")) and password not in events
+    assert password not in ops.operator.log_tail(10**7)
+
+
+def test_search_r1_example_gets_gpus(ops: Ops, ns: str) -> None:
+    ops.apply(ns, SEARCH_R1)
+    name = SEARCH_R1["metadata"]["name"]
+    trainers = wait_for(lambda: ops.running(ns, "trainer", name, 2), timeout=90, what="GPU trainers Running")
+    rollouts = wait_for(lambda: ops.running(ns, "rollout", name, 4), timeout=90, what="GPU rollouts Running")
+    for pod in trainers + rollouts:
+        assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert ops.status(ns, name)["rolloutReplicasDesired"] == 4
+    ops.cluster.kubectl("delete", "rljob", name, "-n", ns, "--wait=false")
+
+
+INVALID = [
+    ({"rollout": {"minReplicas": 5, "maxReplicas": 2}}, "minReplicas must be <= maxReplicas"),
+    ({"grpo": {"groupSize": 1}}, "spec.grpo.groupSize"),
+    ({"trainer": {"gangProvider": "yunikorn"}}, "spec.trainer.gangProvider"),
+    ({"rollout": {"engine": "tgi"}}, "spec.rollout.engine"),
+    ({"grpo": {"learningRate": 0}}, "spec.grpo.learningRate"),
+    ({"agent": {"maxNewTokensPerTurn": 1024, "maxTotalTokens": 512}}, "maxNewTokensPerTurn"),
+    ({"grpo": {"microBatchSize": 64, "groupSize": 2, "questionsPerStep": 2}}, "microBatchSize"),
+    ({"weightSync": {"redis": {"externalUrl": "redis://r:6379"}}}, "passwordSecret"),
+    ({"rollout": {"engine": "vllm", "resources": {"gpus": 0}}}, "engine vllm needs resources.gpus"),
+    ({"grpo": {"groupsize": 4}}, "spec.grpo.groupsize"),
+    ({"rollout": {"resources": {"memory": "lots"}}}, "spec.rollout.resources.memory"),
+    (
+        {"weightSync": {"redis": {"externalUrl": "http://r", "passwordSecret": "s"}}},
+        "spec.weightSync.redis.externalUrl",
+    ),
+    ({"trainer": {"replicas": 0}}, "spec.trainer.replicas"),
+    ({"restartLimit": -1}, "spec.restartLimit"),
+]
+
+
+def test_invalid_manifests_are_rejected_naming_the_field(ops: Ops, ns: str) -> None:
+    messages = []
+    for change, needle in INVALID:
+        result = ops.apply(ns, tiny("bad", **change), check=False)
+        messages.append(result.stderr)
+        assert result.returncode != 0, f"{change} was accepted"
+        assert needle in result.stderr, f"{change}: {result.stderr}"
+    long_name = ops.apply(ns, tiny("x" * 41), check=False)
+    assert long_name.returncode != 0 and "metadata.name must be at most 40" in long_name.stderr
+    assert len(set(messages)) == len(INVALID)
+    assert ops.json("get", "rljobs", "-n", ns)["items"] == []
+
+
+def test_immutable_fields_refused_with_message(ops: Ops, ns: str) -> None:
+    ops.apply(ns, tiny("imm"))
+    changed = tiny("imm")
+    changed["spec"]["model"] = {"name": "Qwen/Qwen2.5-0.5B-Instruct"}
+    result = ops.apply(ns, changed, check=False)
+    assert result.returncode != 0 and "spec.model is immutable" in result.stderr
+
+
+def test_unschedulable_spec_fails_without_children(ops: Ops, ns: str) -> None:
+    # Valid to the schema, impossible on this cluster: no Volcano installed.
+    ops.apply(ns, tiny("novolcano", trainer={"gangProvider": "volcano"}))
+    wait_for(lambda: ops.status(ns, "novolcano").get("phase") == "Failed", timeout=30, what="Failed")
+    failed = ops.condition(ns, "novolcano", "Failed")
+    assert failed["status"] == "True" and failed["reason"] == "GangProviderUnavailable"
+    assert "scheduling.volcano.sh" in failed["message"]
+    # A missing external Redis Secret degrades (and recovers when it appears); nothing half-built.
+    ext = {"redis": {"externalUrl": "redis://redis.example:6379/0", "passwordSecret": "ext-redis"}}
+    ops.apply(ns, tiny("nosecret", weightSync=ext))
+    wait_for(
+        lambda: ops.condition(ns, "nosecret", "Ready").get("reason") == "RedisSecretNotFound",
+        timeout=30,
+        what="RedisSecretNotFound",
+    )
+    assert ops.status(ns, "nosecret")["phase"] == "Pending"
+    time.sleep(2)
+    assert ops.children(ns, "novolcano") == [] and ops.children(ns, "nosecret") == []
+    reasons = ops.cluster.kubectl("get", "events", "-n", ns, "-o", "jsonpath={.items[*].reason}").stdout
+    assert "PhaseFailed" in reasons
+    ops.cluster.kubectl("create", "secret", "generic", "ext-redis", "-n", ns, "--from-literal=password=pw")
+    wait_for(lambda: ops.running(ns, "trainer", "nosecret", 2), timeout=60, what="recovered after Secret appears")
+    kinds = {c["kind"] for c in ops.children(ns, "nosecret")}
+    assert "StatefulSet" not in kinds and "Job" in kinds
+
+
+def test_operator_restart_mid_reconcile_creates_no_duplicates(ops: Ops, ns: str) -> None:
+    ops.operator.stop(kill=True)
+    ops.apply(ns, tiny("restart"))
+    ops.operator.start()
+    time.sleep(0.4)  # let it begin reconciling, then kill it again mid-way
+    ops.operator.stop(kill=True)
+    ops.operator.start()
+    wait_for(lambda: ops.running(ns, "trainer", "restart", 2), timeout=90, what="trainers after restarts")
+    kinds = sorted(c["kind"] for c in ops.children(ns, "restart"))
+    assert kinds.count("Job") == 1 and kinds.count("Deployment") == 1 and kinds.count("Secret") == 1
+    assert len(kinds) == 10
+    time.sleep(3)
+    assert len(ops.pods(ns, "trainer", "restart")) == 2 and len(ops.pods(ns, "rollout", "restart")) == 1
+
+
+def test_suspend_and_resume(ops: Ops, ns: str) -> None:
+    ops.apply(ns, tiny("sus"))
+    wait_for(lambda: ops.running(ns, "trainer", "sus", 2), timeout=90, what="trainers")
+    secret_uid = ops.json("get", "secret", "sus-redis", "-n", ns)["metadata"]["uid"]
+    ops.cluster.kubectl("patch", "rljob", "sus", "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    wait_for(
+        lambda: not ops.pods(ns, "trainer", "sus") and not ops.pods(ns, "rollout", "sus"),
+        timeout=60,
+        what="pods deleted on suspend",
+    )
+    wait_for(lambda: ops.status(ns, "sus").get("phase") == "Suspended", timeout=30, what="Suspended")
+    assert ops.json("get", "configmap", "sus-config", "-n", ns) is not None
+    assert ops.json("get", "secret", "sus-redis", "-n", ns)["metadata"]["uid"] == secret_uid
+    assert ops.json("get", "job", "sus-trainer", "-n", ns)["spec"]["suspend"] is True
+    ops.cluster.kubectl("patch", "rljob", "sus", "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    wait_for(lambda: ops.running(ns, "trainer", "sus", 2), timeout=90, what="trainers after resume")
+    wait_for(lambda: ops.running(ns, "rollout", "sus", 1), timeout=60, what="rollout after resume")
+    wait_for(lambda: ops.status(ns, "sus").get("phase") == "Running", timeout=30, what="Running again")
+    assert ops.status(ns, "sus")["restarts"] == 0
+
+
+def fail_pod(ops: Ops, ns: str, pod: str) -> None:
+    ops.cluster.kubectl(
+        "patch", "pod", pod, "-n", ns, "--subresource=status", "--type=merge", "-p", '{"status":{"phase":"Failed"}}'
+    )
+
+
+def test_trainer_failure_restarts_whole_gang_and_counts_once(ops: Ops, ns: str) -> None:
+    ops.apply(ns, tiny("gang"))
+    old = wait_for(lambda: ops.running(ns, "trainer", "gang", 2), timeout=90, what="trainers")
+    rollout_before = {p["metadata"]["uid"] for p in wait_for(lambda: ops.running(ns, "rollout", "gang", 1))}
+    job_uid = ops.json("get", "job", "gang-trainer", "-n", ns)["metadata"]["uid"]
+    fail_pod(ops, ns, old[0]["metadata"]["name"])
+    wait_for(lambda: ops.status(ns, "gang").get("restarts") == 1, timeout=30, what="restarts == 1")
+    new = wait_for(lambda: ops.running(ns, "trainer", "gang", 2), timeout=90, what="new gang Running")
+    old_uids = {p["metadata"]["uid"] for p in old}
+    assert not old_uids & {p["metadata"]["uid"] for p in new}, "every member must be replaced"
+    assert ops.json("get", "job", "gang-trainer", "-n", ns)["metadata"]["uid"] != job_uid
+    time.sleep(3)
+    st = ops.status(ns, "gang")
+    assert st["restarts"] == 1 and st["phase"] == "Running"
+    assert {p["metadata"]["uid"] for p in ops.running(ns, "rollout", "gang", 1) or []} == rollout_before
+    reasons = ops.cluster.kubectl("get", "events", "-n", ns, "-o", "jsonpath={.items[*].reason}").stdout
+    assert "GangRestart" in reasons
+
+
+def test_restart_limit_fails_the_job(ops: Ops, ns: str) -> None:
+    ops.apply(ns, tiny("limit", restartLimit=0))
+    pods = wait_for(lambda: ops.running(ns, "trainer", "limit", 2), timeout=90, what="trainers")
+    fail_pod(ops, ns, pods[1]["metadata"]["name"])
+    wait_for(lambda: ops.status(ns, "limit").get("phase") == "Failed", timeout=30, what="Failed")
+    failed = ops.condition(ns, "limit", "Failed")
+    assert failed["reason"] == "RestartLimitExceeded" and ops.status(ns, "limit")["restarts"] == 0
+    wait_for(lambda: not ops.pods(ns, "rollout", "limit"), timeout=60, what="rollouts stopped")
+
+
+def test_crashing_rollout_worker_is_replaced_without_touching_trainers(ops: Ops, ns: str) -> None:
+    ops.apply(ns, tiny("crash"))
+    trainers = {p["metadata"]["uid"] for p in wait_for(lambda: ops.running(ns, "trainer", "crash", 2), timeout=90)}
+    (rollout,) = wait_for(lambda: ops.running(ns, "rollout", "crash", 1), timeout=60)
+    fail_pod(ops, ns, rollout["metadata"]["name"])
+    wait_for(
+        lambda: (r := ops.running(ns, "rollout", "crash", 1)) and r[0]["metadata"]["uid"] != rollout["metadata"]["uid"],
+        timeout=60,
+        what="replacement rollout worker",
+    )
+    assert {p["metadata"]["uid"] for p in ops.running(ns, "trainer", "crash", 2) or []} == trainers
+    assert ops.status(ns, "crash")["restarts"] == 0
+
+
+def test_trainer_completion_succeeds_the_job(ops: Ops, ns: str) -> None:
+    ops.apply(ns, tiny("done"))
+    pods = wait_for(lambda: ops.running(ns, "trainer", "done", 2), timeout=90, what="trainers")
+    for pod in pods:
+        ops.cluster.kubectl(
+            "patch",
+            "pod",
+            pod["metadata"]["name"],
+            "-n",
+            ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            '{"status":{"phase":"Succeeded"}}',
+        )
+    wait_for(lambda: ops.status(ns, "done").get("phase") == "Succeeded", timeout=60, what="Succeeded")
+    assert ops.condition(ns, "done", "Complete")["status"] == "True"
+    assert ops.status(ns, "done").get("completionTime")
+    wait_for(lambda: not ops.pods(ns, "rollout", "done"), timeout=60, what="rollouts stopped after success")
+    # TTL after finishing deletes the RLJob (and, through owner references, every child).
+    ops.cluster.kubectl(
+        "patch", "rljob", "done", "-n", ns, "--type=merge", "-p", '{"spec":{"ttlSecondsAfterFinished":1}}'
+    )
+    wait_for(lambda: not ops.rljob(ns, "done"), timeout=30, what="RLJob deleted by its TTL")
+
+
+def test_spec_changes_roll_or_restart(ops: Ops, ns: str) -> None:
+    ops.apply(ns, tiny("roll"))
+    wait_for(lambda: ops.running(ns, "trainer", "roll", 2), timeout=90, what="trainers")
+    job_uid = ops.json("get", "job", "roll-trainer", "-n", ns)["metadata"]["uid"]
+    ops.cluster.kubectl(
+        "patch",
+        "rljob",
+        "roll",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        '{"spec":{"rollout":{"minReplicas":2,"image":"ghcr.io/rljob/rljob-workers:0.1.1"}}}',
+    )
+    wait_for(lambda: ops.running(ns, "rollout", "roll", 2), timeout=60, what="2 rollout workers")
+    images = {p["spec"]["containers"][0]["image"] for p in ops.running(ns, "rollout", "roll", 2) or []}
+    assert images == {"ghcr.io/rljob/rljob-workers:0.1.1"}
+    assert ops.json("get", "job", "roll-trainer", "-n", ns)["metadata"]["uid"] == job_uid  # trainers untouched
+    ops.cluster.kubectl("patch", "rljob", "roll", "-n", ns, "--type=merge", "-p", '{"spec":{"trainer":{"replicas":3}}}')
+    wait_for(lambda: ops.running(ns, "trainer", "roll", 3), timeout=90, what="3 trainers after gang restart")
+    assert ops.json("get", "job", "roll-trainer", "-n", ns)["metadata"]["uid"] != job_uid
+    assert ops.status(ns, "roll")["restarts"] == 0  # a spec restart is not a failure
+
+
+def test_delete_cascades(ops: Ops, ns: str) -> None:
+    ops.apply(ns, tiny("gone"))
+    wait_for(lambda: ops.running(ns, "trainer", "gone", 2), timeout=90, what="trainers")
+    ops.cluster.kubectl("delete", "rljob", "gone", "-n", ns, "--wait=true", "--timeout=60s")
+    wait_for(
+        lambda: (
+            not ops.children(ns, "gone") and not ops.pods(ns, "trainer", "gone") and not ops.pods(ns, "rollout", "gone")
+        ),
+        timeout=90,
+        what="children garbage-collected",
+    )
+
+
+def test_rbac_is_least_privilege(ops: Ops) -> None:
+    user = f"--as=system:serviceaccount:{OP_NS}:{SA}"
+
+    def can(verb: str, resource: str) -> bool:
+        out = ops.cluster.kubectl("auth", "can-i", verb, resource, "-A", user, check=False).stdout.strip()
+        return out == "yes"
+
+    for verb, resource in [
+        ("watch", "rljobs.rljob.dev"),
+        ("patch", "rljobs.rljob.dev/status"),
+        ("create", "jobs"),
+        ("delete", "jobs"),
+        ("create", "workloads.scheduling.k8s.io"),
+        ("list", "pods"),
+        ("create", "secrets"),
+        ("create", "events"),
+    ]:
+        assert can(verb, resource), f"operator needs {verb} {resource}"
+    for verb, resource in [
+        ("list", "secrets"),
+        ("delete", "secrets"),
+        ("delete", "deployments"),
+        ("delete", "pods"),
+        ("watch", "pods"),
+        ("create", "pods"),
+        ("list", "customresourcedefinitions"),
+        ("create", "clusterroles"),
+        ("*", "*"),
+        ("update", "rljobs.rljob.dev"),
+    ]:
+        assert not can(verb, resource), f"operator must not {verb} {resource}"

@@ -1,0 +1,354 @@
+"""One reconcile pass for one RLJob: observe, decide (pure), apply, write status.
+
+Called by the kopf handlers (spec changes, resume) and by the timer (status, failures,
+autoscaling). Runs in kopf's thread pool, serialised per job by a lock, and re-reads the RLJob
+first so a restart is never counted twice from a stale status.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets as pysecrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from rljob.config import RLJob
+from rljob.keys import JobKeys
+from rljob.protocol import TrainerMetrics
+from rljob_operator import metrics as prom
+from rljob_operator.api import RLJobStatus
+from rljob_operator.autoscale import desired_replicas, read_backlog
+from rljob_operator.gang import PROVIDER_APIS
+from rljob_operator.kube import RLJOB_API, ApiError, Kube
+from rljob_operator.names import ChildNames
+from rljob_operator.render import (
+    KEDA_API,
+    RenderPlan,
+    redis_password_secret,
+    redis_url,
+    render_children,
+    render_redis_secret,
+)
+from rljob_operator.settings import OperatorSettings
+from rljob_operator.status import (
+    TERMINAL,
+    Observed,
+    TrainerDecision,
+    compute_status,
+    decide_trainer,
+    iso,
+    parse_time,
+)
+
+PREFLIGHT_REASONS = ("GangProviderUnavailable", "KedaUnavailable", "RedisSecretNotFound", "VolumeClaimNotFound")
+TRAINER_KINDS = ("Job", "Workload", "PodGroup")
+EventFn = Callable[[dict[str, Any], str, str, str], None]
+
+
+@dataclass
+class Reconciler:
+    kube: Kube
+    settings: OperatorSettings
+    post_event: EventFn
+    log: logging.Logger = field(default_factory=lambda: logging.getLogger("rljob_operator"))
+    _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
+    _guard: threading.Lock = field(default_factory=threading.Lock)
+    _api_cache: dict[str, tuple[bool, float]] = field(default_factory=dict)
+    _passwords: dict[tuple[str, str], str] = field(default_factory=dict)
+    _redis_retry_at: dict[tuple[str, str], float] = field(default_factory=dict)
+    _last_redis_error: dict[tuple[str, str], str] = field(default_factory=dict)
+    _last_metrics: dict[tuple[str, str], TrainerMetrics] = field(default_factory=dict)
+
+    def _lock(self, key: tuple[str, str]) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def forget(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        for cache in (self._locks, self._passwords, self._redis_retry_at, self._last_redis_error, self._last_metrics):
+            cache.pop(key, None)
+
+    def reconcile(self, namespace: str, name: str, *, full: bool) -> None:
+        prom.RECONCILES.labels(kind="full" if full else "timer").inc()
+        with prom.RECONCILE_SECONDS.time(), self._lock((namespace, name)):
+            body = self.kube.get(RLJOB_API, "RLJob", namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return
+            self._reconcile(body, full=full or self.settings.always_full)
+
+    # ---- steps -------------------------------------------------------------------------------
+
+    def _reconcile(self, body: dict[str, Any], *, full: bool) -> None:
+        meta = body["metadata"]
+        ns, name, uid, generation = meta["namespace"], meta["name"], meta["uid"], meta.get("generation", 1)
+        now = time.time()
+        try:
+            prev = RLJobStatus.model_validate(body.get("status") or {})
+        except ValidationError:
+            prev = RLJobStatus()
+        try:
+            job = RLJob.model_validate({"metadata": {"name": name, "namespace": ns}, "spec": body.get("spec") or {}})
+        except ValidationError as exc:
+            self._fail_invalid(body, prev, generation, now, exc)
+            return
+        if prev.phase in TERMINAL:
+            self._finished(body, job, prev, now)
+            return
+
+        names = ChildNames(name, ns)
+        managed = not job.spec.weight_sync.redis.external_url
+        obs = Observed(external_redis=not managed)
+        preflight_due = full or prev.observed_generation != generation or self._had_preflight_error(prev)
+        if preflight_due:
+            reason, message = self._preflight(job)
+            if reason:
+                obs.preflight_reason, obs.preflight_message = reason, message
+                # A missing gang provider cannot fix itself: Failed. Missing objects may appear: Pending.
+                terminal = reason == "GangProviderUnavailable"
+                decision = _fail(reason, message) if terminal else decide_trainer(job, prev, obs, now, lambda _: 0)
+                st = compute_status(job, generation, prev, obs, decision, 0, None, None, now)
+                self._write_status(body, prev, st)
+                return
+        if managed:
+            self._ensure_secret(job, uid)
+
+        obs.trainer_job = self.kube.get("batch/v1", "Job", ns, names.trainer)
+        obs.trainer_pods = self.kube.list("v1", "Pod", ns, f"rljob.dev/job={name},rljob.dev/role=trainer")
+        obs.rollout = self.kube.get("apps/v1", "Deployment", ns, names.rollout)
+        if managed:
+            obs.redis = self.kube.get("apps/v1", "StatefulSet", ns, names.redis)
+        decision = decide_trainer(job, prev, obs, now, self.settings.restart_backoff)
+
+        # Full passes (spec changes) only apply children; Redis is read by the timer's passes.
+        if full:
+            metrics, backlog, metrics_error = self._last_metrics.get((ns, name)), None, None
+            if metrics is None:
+                metrics_error = self._last_redis_error.get((ns, name))
+        else:
+            metrics, backlog, metrics_error = self._read_redis(job)
+        current = int((obs.rollout or {}).get("spec", {}).get("replicas", job.spec.rollout.min_replicas) or 0)
+        if job.spec.suspend or decision.action in ("fail", "succeeded"):
+            desired = 0
+        elif job.spec.rollout.autoscaler == "keda":
+            desired = max(current, job.spec.rollout.min_replicas)
+        else:
+            since = now - t if (t := parse_time(prev.last_scale_time)) is not None else None
+            desired = desired_replicas(
+                current=current if obs.rollout else job.spec.rollout.min_replicas,
+                backlog=backlog,
+                spec=job.spec.rollout,
+                seconds_since_scale=since,
+            )
+
+        plan = RenderPlan(
+            uid=uid,
+            rollout_replicas=desired,
+            trainers_suspended=job.spec.suspend,
+            operator_namespace=self.settings.namespace,
+            keda_namespace=self.settings.keda_namespace,
+        )
+        children = render_children(job, plan)
+        trainer = [c for c in children if c["kind"] in TRAINER_KINDS]
+        others = [c for c in children if c["kind"] not in TRAINER_KINDS]
+        missing = obs.rollout is None or (managed and obs.redis is None)
+        if full or missing or prev.observed_generation != generation:
+            for manifest in others:
+                self.kube.apply(manifest)
+        elif desired != current:
+            self.kube.apply(next(c for c in others if c["kind"] == "Deployment"))
+
+        creating = obs.trainer_job is None
+        if decision.action == "apply" and creating and self._gang_terminating(trainer):
+            # The previous gang's objects are still going (a PodGroup waits for its pods): a new
+            # Job must not join a group that is about to vanish. Try again next pass.
+            decision = TrainerDecision("wait", "GangRestarting", "waiting for the previous gang objects to go")
+        elif decision.action == "apply" and (creating or full or prev.observed_generation != generation):
+            for manifest in trainer:
+                self.kube.apply(manifest)
+        elif decision.action in ("restart", "delete", "fail"):
+            self._delete_gang(trainer)
+        if decision.action in ("restart", "fail") and decision.failed_uid:
+            prom.GANG_RESTARTS.inc()
+
+        st = compute_status(job, generation, prev, obs, decision, desired, metrics, metrics_error, now)
+        if desired != (prev.rollout_replicas_desired if prev.rollout_replicas_desired is not None else desired):
+            st.last_scale_time = iso(now)
+        if decision.action == "restart":
+            self.post_event(
+                body,
+                "Warning",
+                "GangRestart",
+                f"{decision.message}; restarting all trainers (restart {st.restarts}/{job.spec.restart_limit})",
+            )
+        prom.JOB_STEP.labels(ns, name).set(st.step or 0)
+        prom.JOB_REWARD.labels(ns, name).set(st.mean_reward or 0.0)
+        prom.ROLLOUT_DESIRED.labels(ns, name).set(desired)
+        self._write_status(body, prev, st)
+
+    def _gang_terminating(self, trainer: list[dict[str, Any]]) -> bool:
+        for manifest in trainer:
+            if manifest["kind"] == "Job":
+                continue
+            meta = manifest["metadata"]
+            found = self.kube.get(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
+            if found is not None and found["metadata"].get("deletionTimestamp"):
+                return True
+        return False
+
+    def _delete_gang(self, trainer: list[dict[str, Any]]) -> None:
+        for manifest in reversed(trainer):  # the Job first, then its gang objects
+            meta = manifest["metadata"]
+            self.kube.delete(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
+
+    def _had_preflight_error(self, prev: RLJobStatus) -> bool:
+        return any(c.type == "Ready" and c.reason in PREFLIGHT_REASONS for c in prev.conditions)
+
+    def _api_available(self, api_version: str) -> bool:
+        hit = self._api_cache.get(api_version)
+        if hit and time.time() - hit[1] < 60:
+            return hit[0]
+        ok = self.kube.api_available(api_version)
+        self._api_cache[api_version] = (ok, time.time())
+        return ok
+
+    def _preflight(self, job: RLJob) -> tuple[str | None, str]:
+        """Checks the schema cannot make; on failure nothing is created (no half-built job)."""
+        ns = job.metadata.namespace
+        provider = job.spec.trainer.gang_provider
+        api = PROVIDER_APIS.get(provider)
+        if api and not self._api_available(api):
+            return "GangProviderUnavailable", f"trainer.gangProvider {provider} needs {api}, which this cluster lacks"
+        if job.spec.rollout.autoscaler == "keda" and not self._api_available(KEDA_API):
+            return "KedaUnavailable", f"rollout.autoscaler keda needs {KEDA_API} (install KEDA)"
+        secret = job.spec.weight_sync.redis.password_secret
+        if job.spec.weight_sync.redis.external_url and secret and self.kube.get("v1", "Secret", ns, secret) is None:
+            return "RedisSecretNotFound", f"weightSync.redis.passwordSecret {secret} not found in {ns}"
+        for field_name, claim in (
+            ("trainer.checkpointVolumeClaim", job.spec.trainer.checkpoint_volume_claim),
+            ("data.volumeClaim", job.spec.data.volume_claim),
+        ):
+            if claim and self.kube.get("v1", "PersistentVolumeClaim", ns, claim) is None:
+                return "VolumeClaimNotFound", f"{field_name} {claim} not found in {ns}"
+        return None, ""
+
+    def _ensure_secret(self, job: RLJob, uid: str) -> None:
+        key = (job.metadata.namespace, job.metadata.name)
+        if key in self._passwords:
+            return
+        names = ChildNames(job.metadata.name, job.metadata.namespace)
+        found = self.kube.get("v1", "Secret", names.namespace, names.redis_secret)
+        if found is None:
+            plan = RenderPlan(uid=uid, rollout_replicas=0)
+            self.kube.create(render_redis_secret(job, plan, pysecrets.token_urlsafe(32)))
+            found = self.kube.get("v1", "Secret", names.namespace, names.redis_secret)
+        if found is not None:
+            import base64
+
+            self._passwords[key] = base64.b64decode(found.get("data", {}).get("password", "")).decode()
+
+    def _password(self, job: RLJob) -> str:
+        key = (job.metadata.namespace, job.metadata.name)
+        if key not in self._passwords:
+            import base64
+
+            secret = self.kube.get("v1", "Secret", job.metadata.namespace, redis_password_secret(job))
+            self._passwords[key] = base64.b64decode((secret or {}).get("data", {}).get("password", "")).decode()
+        return self._passwords[key]
+
+    def _read_redis(self, job: RLJob) -> tuple[TrainerMetrics | None, int | None, str | None]:
+        """Metrics and backlog; an unreachable Redis becomes a condition message, never a crash."""
+        key = (job.metadata.namespace, job.metadata.name)
+        if time.time() < self._redis_retry_at.get(key, 0.0):
+            return None, None, self._last_redis_error.get(key, "RedisUnreachable")
+        password = ""
+        try:
+            import redis
+
+            password = self._password(job)
+            client = redis.Redis.from_url(
+                redis_url(job),
+                password=password or None,
+                socket_connect_timeout=self.settings.redis_timeout_seconds,
+                socket_timeout=self.settings.redis_timeout_seconds,
+            )
+            try:
+                keys = JobKeys(job.metadata.namespace, job.metadata.name)
+                raw = client.hgetall(keys.metrics)
+                backlog = read_backlog(client, keys)
+            finally:
+                client.close()
+        except Exception as exc:  # any Redis or DNS failure degrades to a condition
+            message = f"{type(exc).__name__}: {exc}"
+            if password:
+                message = message.replace(password, "***")
+            self._last_redis_error[key] = message
+            self._redis_retry_at[key] = time.time() + 30.0
+            return None, None, message
+        self._redis_retry_at.pop(key, None)
+        self._last_redis_error.pop(key, None)
+        metrics = TrainerMetrics.from_redis(raw) if raw else None
+        if metrics is not None:
+            self._last_metrics[key] = metrics
+        return metrics, backlog, None
+
+    def _write_status(self, body: dict[str, Any], prev: RLJobStatus, st: RLJobStatus) -> None:
+        old = prev.model_dump(by_alias=True, mode="json", exclude_none=True)
+        new = st.model_dump(by_alias=True, mode="json", exclude_none=True)
+        if old == new:
+            return
+        if st.phase != prev.phase:
+            failed = next((c for c in st.conditions if c.type == "Failed" and c.status == "True"), None)
+            ready = next((c for c in st.conditions if c.type == "Ready"), None)
+            detail = failed or ready
+            kind = (
+                "Warning"
+                if st.phase == "Failed" or (st.phase == "Pending" and detail and detail.reason in PREFLIGHT_REASONS)
+                else "Normal"
+            )
+            self.post_event(
+                body,
+                kind,
+                f"Phase{st.phase}",
+                f"{prev.phase or 'New'} -> {st.phase}" + (f": {detail.message}" if detail else ""),
+            )
+        meta = body["metadata"]
+        try:
+            self.kube.patch_status(meta["namespace"], meta["name"], new)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+    def _fail_invalid(
+        self, body: dict[str, Any], prev: RLJobStatus, generation: int, now: float, exc: ValidationError
+    ) -> None:
+        first = exc.errors()[0]
+        where = "spec." + ".".join(str(p) for p in first["loc"]) if first["loc"] else "spec"
+        message = f"{where}: {first['msg']}"
+        job = RLJob()
+        st = compute_status(job, generation, prev, Observed(), _fail("InvalidSpec", message), 0, None, None, now)
+        self._write_status(body, prev, st)
+
+    def _finished(self, body: dict[str, Any], job: RLJob, prev: RLJobStatus, now: float) -> None:
+        """Succeeded or Failed: rollout workers go away; the RLJob goes after its TTL."""
+        ns, name = job.metadata.namespace, job.metadata.name
+        names = ChildNames(name, ns)
+        rollout = self.kube.get("apps/v1", "Deployment", ns, names.rollout)
+        if rollout and rollout.get("spec", {}).get("replicas"):
+            plan = RenderPlan(
+                uid=body["metadata"]["uid"], rollout_replicas=0, operator_namespace=self.settings.namespace
+            )
+            deployment = next(c for c in render_children(job, plan) if c["kind"] == "Deployment")
+            self.kube.apply(deployment)
+        ttl = job.spec.ttl_seconds_after_finished
+        done = parse_time(prev.completion_time)
+        if ttl is not None and done is not None and now >= done + ttl:
+            self.kube.delete(RLJOB_API, "RLJob", ns, name, propagation="Background")
+
+
+def _fail(reason: str, message: str) -> TrainerDecision:
+    return TrainerDecision("fail", reason, message)

@@ -1,0 +1,52 @@
+"""Validation of good and bad RLJob specs by the pydantic model (the CRD mirrors these rules)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from rljob.config import RLJob, RLJobSpec, load_rljob
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("example", ["rljob-tiny.yaml", "rljob-search-r1.yaml"])
+def test_examples_validate(example: str) -> None:
+    job = load_rljob(str(ROOT / "examples" / example))
+    assert job.spec.trainer.replicas >= 1
+
+
+def test_search_r1_example_gpu_budget() -> None:
+    spec = load_rljob(str(ROOT / "examples" / "rljob-search-r1.yaml")).spec
+    assert spec.model.name == "Qwen/Qwen2.5-3B-Instruct"
+    assert spec.rollout.max_replicas * spec.rollout.resources.gpus == 14
+    assert spec.trainer.replicas * spec.trainer.resources.gpus == 2
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ({"rollout": {"minReplicas": 5, "maxReplicas": 2}}, "minReplicas"),
+        ({"agent": {"maxNewTokensPerTurn": 1024, "maxTotalTokens": 512}}, "maxNewTokensPerTurn"),
+        ({"grpo": {"microBatchSize": 64, "groupSize": 2, "questionsPerStep": 2}}, "microBatchSize"),
+        ({"weightSync": {"redis": {"externalUrl": "redis://r:6379"}}}, "passwordSecret"),
+        ({"rollout": {"engine": "vllm"}}, "gpus"),
+        ({"grpo": {"groupSize": 1}}, "groupSize"),
+        ({"trainer": {"gangProvider": "yunikorn"}}, "gangProvider"),
+        ({"grpo": {"learningRate": 0}}, "learningRate"),
+        ({"rollout": {"resources": {"memory": "lots"}}}, "memory"),
+        ({"grpo": {"groupsize": 4}}, "groupsize"),
+    ],
+)
+def test_bad_specs_are_refused(spec: dict, needle: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        RLJobSpec.model_validate(spec)
+    assert needle in str(err.value)
+
+
+def test_defaults_round_trip_through_yaml() -> None:
+    job = RLJob.model_validate({"metadata": {"name": "a", "namespace": "b"}, "spec": {}})
+    again = RLJob.model_validate(job.model_dump(by_alias=True))
+    assert again == job

@@ -1,0 +1,34 @@
+"""Operator-native autoscaling: backlog -> replicas within bounds, scale-down cooldown."""
+
+from __future__ import annotations
+
+import pytest
+
+from rljob.config import RolloutSpec
+from rljob_operator.autoscale import backlog_from_groups, desired_replicas
+
+SPEC = RolloutSpec(min_replicas=1, max_replicas=6, pending_per_replica=8, scale_down_cooldown_seconds=60)
+
+
+@pytest.mark.parametrize(("backlog", "want"), [(0, 1), (8, 1), (9, 2), (40, 5), (1000, 6)])
+def test_replicas_follow_backlog_within_bounds(backlog: int, want: int) -> None:
+    assert desired_replicas(current=1, backlog=backlog, spec=SPEC, seconds_since_scale=None) == want
+
+
+def test_scale_down_waits_for_cooldown_but_scale_up_does_not() -> None:
+    assert desired_replicas(current=5, backlog=0, spec=SPEC, seconds_since_scale=10) == 5
+    assert desired_replicas(current=5, backlog=0, spec=SPEC, seconds_since_scale=61) == 1
+    assert desired_replicas(current=2, backlog=48, spec=SPEC, seconds_since_scale=1) == 6
+
+
+def test_unknown_backlog_keeps_current_in_bounds() -> None:
+    assert desired_replicas(current=3, backlog=None, spec=SPEC, seconds_since_scale=None) == 3
+    assert desired_replicas(current=0, backlog=None, spec=SPEC, seconds_since_scale=None) == 1
+    assert desired_replicas(current=9, backlog=None, spec=SPEC, seconds_since_scale=None) == 6
+
+
+def test_backlog_is_lag_plus_pending_of_the_rollout_group() -> None:
+    groups = [{"name": b"trainer", "lag": 100, "pending": 100}, {"name": b"rollout", "lag": 7, "pending": 3}]
+    assert backlog_from_groups(groups, stream_length=50) == 10
+    assert backlog_from_groups([{"name": "rollout", "lag": None, "pending": 2}], stream_length=5) == 7
+    assert backlog_from_groups([], stream_length=4) == 4

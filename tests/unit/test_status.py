@@ -1,0 +1,197 @@
+"""Status logic: phases, conditions, gang-failure decisions, restart counting, backoff."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rljob.config import RLJob
+from rljob.protocol import TrainerMetrics
+from rljob_operator.api import RLJobStatus
+from rljob_operator.names import ANNOTATION_TRAINER_HASH
+from rljob_operator.render import trainer_hash
+from rljob_operator.settings import OperatorSettings
+from rljob_operator.status import Observed, compute_status, decide_trainer, iso
+
+NOW = 1_800_000_000.0
+
+
+def backoff(restarts: int) -> float:
+    return 10.0 * 2 ** (restarts - 1) if restarts else 0.0
+
+
+def make(**spec: Any) -> RLJob:
+    return RLJob.model_validate({"metadata": {"name": "j", "namespace": "ns"}, "spec": spec})
+
+
+def trainer_job(
+    job: RLJob, uid: str = "job-uid", conditions: list[dict] | None = None, started: float = NOW - 5, **meta: Any
+) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "uid": uid,
+            "name": "j-trainer",
+            "creationTimestamp": iso(started),
+            "annotations": {ANNOTATION_TRAINER_HASH: trainer_hash(job)},
+            **meta,
+        },
+        "spec": {"suspend": False},
+        "status": {"startTime": iso(started), "conditions": conditions or []},
+    }
+
+
+def pod(name: str, phase: str, uid: str = "job-uid", node: str | None = "kwok-gpu-0") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"batch.kubernetes.io/controller-uid": uid}},
+        "spec": {"nodeName": node} if node else {},
+        "status": {"phase": phase},
+    }
+
+
+def cond(st: RLJobStatus, ctype: str):
+    return next(c for c in st.conditions if c.type == ctype)
+
+
+def test_running_gang_gives_running_phase_and_conditions() -> None:
+    job = make(trainer={"replicas": 2})
+    obs = Observed(
+        trainer_job=trainer_job(job),
+        trainer_pods=[pod("a", "Running"), pod("b", "Running")],
+        rollout={"status": {"readyReplicas": 1}},
+        redis={"status": {"readyReplicas": 1}},
+    )
+    decision = decide_trainer(job, RLJobStatus(), obs, NOW, backoff)
+    assert decision.action == "apply"
+    metrics = TrainerMetrics(
+        step=3,
+        policy_version=3,
+        mean_reward=0.25,
+        eval_exact_match=0.1,
+        eval_f1=0.2,
+        weight_bytes=1234,
+        step_seconds=2.5,
+    )
+    st = compute_status(job, 1, RLJobStatus(), obs, decision, 1, metrics, None, NOW)
+    assert st.phase == "Running" and st.step == 3 and st.policy_version == 3 and st.mean_reward == 0.25
+    assert st.eval_exact_match == 0.1 and st.weight_bytes_last_step == 1234 and st.rollouts == "1/1"
+    for ctype in ("Ready", "TrainersReady", "RolloutReady", "WeightStoreReady", "Progressing", "MetricsAvailable"):
+        assert cond(st, ctype).status == "True", ctype
+    assert cond(st, "Complete").status == "False" and cond(st, "Failed").status == "False"
+    assert all(c.observed_generation == 1 for c in st.conditions)
+
+
+def test_partial_gang_is_not_running_and_redis_errors_degrade() -> None:
+    job = make(trainer={"replicas": 2})
+    obs = Observed(trainer_job=trainer_job(job), trainer_pods=[pod("a", "Running"), pod("b", "Pending", node=None)])
+    decision = decide_trainer(job, RLJobStatus(), obs, NOW, backoff)
+    st = compute_status(job, 1, RLJobStatus(), obs, decision, 1, None, "ConnectionError: no route", NOW)
+    assert st.phase == "Initializing"
+    assert cond(st, "TrainersReady").status == "False"
+    metrics = cond(st, "MetricsAvailable")
+    assert (metrics.status, metrics.reason) == ("False", "RedisUnreachable")
+    assert metrics.message == "ConnectionError: no route"
+    assert cond(st, "WeightStoreReady").reason == "RedisNotReady"
+
+
+def test_member_failure_restarts_whole_gang_once() -> None:
+    job = make(trainer={"replicas": 2}, restartLimit=2)
+    obs = Observed(trainer_job=trainer_job(job), trainer_pods=[pod("a", "Failed"), pod("b", "Running")])
+    decision = decide_trainer(job, RLJobStatus(), obs, NOW, backoff)
+    assert (decision.action, decision.reason, decision.failed_uid) == ("restart", "TrainerFailed", "job-uid")
+    st = compute_status(job, 1, RLJobStatus(), obs, decision, 1, None, None, NOW)
+    assert st.restarts == 1 and st.counted_failure_uid == "job-uid" and st.last_restart_time == iso(NOW)
+    assert st.phase == "Pending" and cond(st, "TrainersReady").reason == "TrainerFailed"
+    # The same failed Job seen again (deletion in flight) is not counted again.
+    again = decide_trainer(job, st, obs, NOW + 1, backoff)
+    assert again.action == "delete" and again.failed_uid is None
+    st2 = compute_status(job, 1, st, obs, again, 1, None, None, NOW + 1)
+    assert st2.restarts == 1
+
+
+def test_backoff_then_recreate() -> None:
+    job = make()
+    prev = RLJobStatus(restarts=2, last_restart_time=iso(NOW))
+    assert decide_trainer(job, prev, Observed(), NOW + 5, backoff).reason == "RestartBackoff"
+    assert decide_trainer(job, prev, Observed(), NOW + 21, backoff).action == "apply"
+    deleting = trainer_job(job, deletionTimestamp=iso(NOW))
+    assert decide_trainer(job, RLJobStatus(), Observed(trainer_job=deleting), NOW, backoff).action == "wait"
+
+
+def test_restart_limit_turns_job_failed_with_reason() -> None:
+    job = make(restartLimit=1)
+    prev = RLJobStatus(restarts=1, counted_failure_uid="old")
+    failed_cond = {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}
+    failed = trainer_job(job, uid="new", conditions=[failed_cond])
+    decision = decide_trainer(job, prev, Observed(trainer_job=failed), NOW, backoff)
+    assert decision.action == "fail" and decision.reason == "RestartLimitExceeded"
+    st = compute_status(job, 1, prev, Observed(trainer_job=failed), decision, 0, None, None, NOW)
+    assert st.phase == "Failed" and st.completion_time == iso(NOW)
+    assert cond(st, "Failed").status == "True" and cond(st, "Failed").reason == "RestartLimitExceeded"
+    assert decide_trainer(job, st, Observed(trainer_job=failed), NOW, backoff).action == "none"
+
+
+def test_schedule_timeout_counts_as_gang_failure() -> None:
+    job = make(trainer={"replicas": 2, "scheduleTimeoutSeconds": 60})
+    obs = Observed(trainer_job=trainer_job(job, started=NOW - 61), trainer_pods=[pod("a", "Running")])
+    decision = decide_trainer(job, RLJobStatus(), obs, NOW, backoff)
+    assert decision.action == "restart" and decision.reason == "GangScheduleTimeout"
+
+
+def test_completed_trainer_means_succeeded() -> None:
+    job = make()
+    done = trainer_job(job, conditions=[{"type": "Complete", "status": "True"}])
+    decision = decide_trainer(job, RLJobStatus(), Observed(trainer_job=done), NOW, backoff)
+    st = compute_status(job, 1, RLJobStatus(), Observed(trainer_job=done), decision, 0, None, None, NOW)
+    assert st.phase == "Succeeded" and cond(st, "Complete").status == "True"
+
+
+def test_spec_change_restarts_gang_without_counting() -> None:
+    running = trainer_job(make())
+    changed = make(grpo={"learningRate": 1e-3})
+    decision = decide_trainer(changed, RLJobStatus(), Observed(trainer_job=running), NOW, backoff)
+    assert decision.action == "delete" and decision.reason == "SpecChanged" and decision.failed_uid is None
+
+
+def test_suspended_and_preflight_phases() -> None:
+    job = make(suspend=True)
+    st = compute_status(
+        job,
+        2,
+        RLJobStatus(),
+        Observed(),
+        decide_trainer(job, RLJobStatus(), Observed(), NOW, backoff),
+        0,
+        None,
+        None,
+        NOW,
+    )
+    assert st.phase == "Suspended" and cond(st, "TrainersReady").reason == "Suspended"
+    obs = Observed(preflight_reason="RedisSecretNotFound", preflight_message="weightSync.redis.passwordSecret x")
+    st = compute_status(
+        make(), 1, RLJobStatus(), obs, decide_trainer(make(), RLJobStatus(), obs, NOW, backoff), 0, None, None, NOW
+    )
+    assert st.phase == "Pending" and cond(st, "Ready").reason == "RedisSecretNotFound"
+
+
+def test_transition_time_moves_only_on_change() -> None:
+    job = make()
+    obs = Observed()
+    first = compute_status(
+        job, 1, RLJobStatus(), obs, decide_trainer(job, RLJobStatus(), obs, NOW, backoff), 1, None, None, NOW
+    )
+    second = compute_status(
+        job, 1, first, obs, decide_trainer(job, first, obs, NOW + 50, backoff), 1, None, None, NOW + 50
+    )
+    assert cond(second, "TrainersReady").last_transition_time == iso(NOW)
+
+
+def test_operator_backoff_doubles_and_caps() -> None:
+    s = OperatorSettings(
+        "ns",
+        "keda",
+        1,
+        restart_backoff_seconds=5,
+        restart_backoff_max_seconds=30,
+        redis_timeout_seconds=1,
+        metrics_port=0,
+    )
+    assert [s.restart_backoff(n) for n in range(5)] == [0, 5, 10, 20, 30]
