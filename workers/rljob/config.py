@@ -71,6 +71,9 @@ class DataSpec(ApiModel):
         description="Which questions' context paragraphs form the BM25 corpus (one passage per title).",
     )
     max_train_questions: int | None = Field(None, ge=1, description="Use only the first N train questions.")
+    volume_claim: str | None = Field(
+        None, description="PersistentVolumeClaim mounted read-only at /data in every worker (data, local models)."
+    )
     seed: int = Field(0, ge=0, description="Seed for shuffling the training questions.")
 
 
@@ -172,7 +175,12 @@ class RolloutSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                cel("self.minReplicas <= self.maxReplicas", "minReplicas must be <= maxReplicas", ".minReplicas")
+                cel("self.minReplicas <= self.maxReplicas", "minReplicas must be <= maxReplicas", ".minReplicas"),
+                cel(
+                    "self.engine != 'vllm' || self.resources.gpus >= 1",
+                    "engine vllm needs resources.gpus >= 1",
+                    ".engine",
+                ),
             ]
         }
     )
@@ -194,6 +202,13 @@ class TrainerSpec(ApiModel):
     checkpoint_volume_claim: str | None = Field(
         None, description="PersistentVolumeClaim for checkpoints; an emptyDir (lost on restart) when unset."
     )
+    scheduler_name: str | None = Field(
+        None,
+        description=(
+            "Scheduler for trainer pods. Unset: `volcano` for the volcano provider, "
+            "`scheduler-plugins-scheduler` for coscheduling, the default scheduler otherwise."
+        ),
+    )
 
 
 class RedisSpec(ApiModel):
@@ -214,7 +229,9 @@ class RedisSpec(ApiModel):
 class WeightSyncSpec(ApiModel):
     """How new policy versions reach the rollout workers."""
 
-    mode: Literal["delta", "full"] = Field("delta", description="`delta`: changed bf16 values only; `full`: every version whole.")
+    mode: Literal["delta", "full"] = Field(
+        "delta", description="`delta`: changed bf16 values only; `full`: every version whole."
+    )
     rebase_interval: int = Field(20, ge=1, le=10_000, description="Write a new full export every K versions.")
     rebase_fraction: float = Field(
         0.5, gt=0.0, le=4.0, description="Rebase when the delta chain since the last full exceeds this fraction of it."
@@ -222,7 +239,17 @@ class WeightSyncSpec(ApiModel):
     chunk_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024, description="Largest Redis value written (bytes)."
     )
-    redis: RedisSpec = Field(default_factory=RedisSpec)
+    redis: RedisSpec = Field(
+        default_factory=RedisSpec,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.externalUrl) == has(oldSelf.externalUrl)",
+                    "switching between managed and external Redis is not allowed; create a new RLJob",
+                )
+            ]
+        },
+    )
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -244,17 +271,49 @@ class EvalSpec(ApiModel):
     questions: int = Field(100, ge=1, le=100_000, description="Held-out questions per evaluation.")
 
 
+class WarmupSpec(ApiModel):
+    """Optional supervised warm-up on protocol demonstrations before the first RL step.
+
+    A small model rarely follows the search/answer protocol on its own, so RL gets almost no
+    signal. Demonstrations are built from training questions only (search, the retriever's real
+    results, the gold answer); the loss covers only the tokens the model would write.
+    """
+
+    enabled: bool = Field(False, description="Run the warm-up once, before policy version 0 is published.")
+    examples: int = Field(
+        256, ge=1, le=1_000_000, description="Demonstrations to build (train questions whose answer is retrieved)."
+    )
+    epochs: int = Field(1, ge=1, le=100, description="Passes over the demonstrations.")
+    learning_rate: float = Field(5e-5, gt=0.0, le=1.0, description="AdamW learning rate of the warm-up.")
+    batch_size: int = Field(4, ge=1, le=4096, description="Demonstrations per optimiser step.")
+    max_searches: int = Field(
+        2, ge=1, le=15, description="Most searches per demonstration (a 2nd looks up a missing supporting title)."
+    )
+    seed: int = Field(0, ge=0, description="Seed for the order of the demonstrations.")
+
+
 class RLJobSpec(ApiModel):
     """Desired state of an RL training job."""
 
-    model: ModelSpec = Field(default_factory=ModelSpec)
-    data: DataSpec = Field(default_factory=DataSpec)
+    model: ModelSpec = Field(
+        default_factory=ModelSpec,
+        json_schema_extra={
+            "x-kubernetes-validations": [cel("self == oldSelf", "spec.model is immutable; create a new RLJob")]
+        },
+    )
+    data: DataSpec = Field(
+        default_factory=DataSpec,
+        json_schema_extra={
+            "x-kubernetes-validations": [cel("self == oldSelf", "spec.data is immutable; create a new RLJob")]
+        },
+    )
     agent: AgentSpec = Field(default_factory=AgentSpec)
     grpo: GRPOSpec = Field(default_factory=GRPOSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
+    warmup: WarmupSpec = Field(default_factory=WarmupSpec)
     suspend: bool = Field(False, description="Delete pods but keep state; resume by setting false.")
     restart_limit: int = Field(3, ge=0, le=1000, description="Gang restarts allowed before the job fails.")
     ttl_seconds_after_finished: int | None = Field(
@@ -266,6 +325,8 @@ class RLJobSpec(ApiModel):
         # Mirrors the CEL rules so a local run refuses the same specs the API server would.
         if self.rollout.min_replicas > self.rollout.max_replicas:
             raise ValueError("rollout.minReplicas must be <= rollout.maxReplicas")
+        if self.rollout.engine == "vllm" and self.rollout.resources.gpus < 1:
+            raise ValueError("rollout.engine vllm needs rollout.resources.gpus >= 1")
         if self.agent.max_new_tokens_per_turn >= self.agent.max_total_tokens:
             raise ValueError("agent.maxNewTokensPerTurn must be smaller than agent.maxTotalTokens")
         if self.grpo.micro_batch_size > self.grpo.group_size * self.grpo.questions_per_step:
