@@ -100,6 +100,10 @@ def tiny_model_dir(tmp_path: Path) -> Path:
     return save_tiny_model(tmp_path / "tiny", texts, vocab_size=400)
 
 
+def lines_of(results: Path) -> list[dict]:
+    return [json.loads(x) for x in (results / "metrics.jsonl").read_text().splitlines()]
+
+
 def _prompts(client: redis.Redis, keys: JobKeys) -> list[PromptRequest]:
     return [PromptRequest.model_validate_json(f[b"data"]) for _, f in client.xrange(keys.prompts)]
 
@@ -118,7 +122,11 @@ def test_trains_publishes_evaluates_checkpoints_and_resumes(redis_server, tiny_m
         m = TrainerMetrics.from_redis(client.hgetall(keys.metrics))
         assert m.state == "succeeded" and m.step == 3 and m.total_steps == 3
         assert m.policy_version == 3 and m.weight_bytes > 0
-        assert m.eval_step == 2 and m.eval_exact_match is not None and m.eval_f1 is not None
+        # interval 2 over 3 steps: evals at 0 (before training), 2, and 3 (the last step always)
+        assert m.eval_step == 3 and m.eval_exact_match is not None and m.eval_f1 is not None
+        assert json.loads((results / "eval_before.json").read_text())["step"] == 0
+        assert json.loads((results / "eval_after.json").read_text())["step"] == 3
+        assert [x.get("eval_step") for x in lines_of(results)] == [0, 2, 3]
         assert client.hget(keys.control, "done") == b"1"
         lines = [json.loads(x) for x in (results / "metrics.jsonl").read_text().splitlines()]
         assert [x["step"] for x in lines] == [1, 2, 3]
