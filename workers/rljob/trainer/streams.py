@@ -144,9 +144,14 @@ def eval_round(
     wanted = {r.request_id for r in requests}
     got: dict[str, TrajectoryGroup] = {}
     deadline = time.monotonic() + timeout_s
+    started = last_report = time.monotonic()
     while len(got) < len(wanted):
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             raise TimeoutError(f"eval: {len(wanted) - len(got)} of {len(wanted)} results missing")
+        if now - last_report >= 15:
+            last_report = now
+            log.info("eval: %d/%d questions answered (%.0fs)", len(got), len(wanted), now - started)
         reply = client.xread({keys.eval_results: since}, count=256, block=block_ms)
         for _, entries in reply or []:
             for eid, fields in entries:
