@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import redis
 import torch
+
 from rljob.keys import JobKeys
 from rljob.weights import (
     VersionConflictError,
@@ -374,3 +375,69 @@ def test_full_mode_and_rebase_fraction(redis_client):
         trainer.step()
     assert kinds[0].kind == "full"
     assert any(r.kind == "full" and "chain" in r.reason for r in kinds[1:])
+
+
+def test_a_tampered_value_the_delta_touches_fails_its_change_sum(redis_client):
+    trainer = Trainer(lr=1e-3)
+    publisher = publisher_for(redis_client, check_versions=1000)  # no SHA window covers the damage
+    shadow: dict[str, torch.Tensor] = {}
+    reader = WeightReader(redis_client, KEYS)
+    publisher.publish(trainer.model)
+    reader.sync(shadow)
+    before = trainer.bits()
+    trainer.step()
+    expected = trainer.bits()
+    name = "model.layers.1.mlp.up_proj.weight"
+    touched = int(np.flatnonzero(before[name] != expected[name])[0])
+    shadow[name].view(-1).view(torch.int16)[touched] ^= 1  # off the base version, where v1 writes
+    publisher.publish(trainer.model)
+    result = reader.sync(shadow)
+    assert result.took_full and result.version == 1
+    assert any("ChecksumMismatchError" in e and "changed by sum" in e for e in result.recovered_from)
+    assert_holds(shadow, expected)
+
+
+def test_drift_where_no_delta_touches_is_caught_by_the_rotating_window(redis_client):
+    """A value no delta rewrites is still checked end to end within `check_versions` versions."""
+    trainer = Trainer(lr=1e-3)
+    publisher = publisher_for(redis_client, rebase_interval=100, check_versions=4)
+    shadow: dict[str, torch.Tensor] = {}
+    reader = WeightReader(redis_client, KEYS)
+    publisher.publish(trainer.model)
+    reader.sync(shadow)
+    name = "model.norm.weight"  # the last tensor: covered by the last of the 4 windows
+    with torch.no_grad():
+        frozen = dict(trainer.model.named_parameters())[name]
+        frozen.requires_grad_(False)  # never changes, so no delta touches it
+    shadow[name].view(-1)[3] += 1.0
+    caught_at = None
+    for version in range(1, 6):
+        trainer.step()
+        publisher.publish(trainer.model)
+        result = reader.sync(shadow)
+        assert result.version == version
+        if result.recovered_from:
+            caught_at = version
+            assert result.took_full
+            assert any(f"{name} [" in e for e in result.recovered_from)
+            break
+    assert caught_at is not None and caught_at <= 4
+    assert_holds(shadow, trainer.bits())
+
+
+def test_large_fp32_tensors_are_cast_block_by_block_exactly(redis_client):
+    """Tensors bigger than the publisher's cast block, fp32 with values that round both ways."""
+    gen = torch.Generator().manual_seed(3)
+    weights = {"big": torch.randn(700_001, generator=gen) * 0.02, "small": torch.randn(7, 5, generator=gen)}
+    publisher = publisher_for(redis_client, chunk_bytes=1 << 20, check_versions=3)
+    shadow: dict[str, torch.Tensor] = {}
+    reader = WeightReader(redis_client, KEYS)
+    for version in range(4):
+        expected = {name: bf16_bits(t).copy() for name, t in weights.items()}
+        result = publisher.publish(weights)
+        assert result.kind == ("full" if version == 0 else "delta")
+        assert reader.sync(shadow).version == version
+        assert_holds(shadow, expected)
+        with torch.no_grad():
+            for t in weights.values():
+                t.mul_(1.0 + 1e-3 * torch.randn(t.shape, generator=gen))

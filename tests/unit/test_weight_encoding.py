@@ -7,14 +7,18 @@ import zlib
 import numpy as np
 import pytest
 import torch
+
 from rljob.weights.apply import apply_delta
-from rljob.weights.checksum import bf16_bits, tensor_checksum
+from rljob.weights.checksum import bf16_bits, change_sum, tensor_checksum
 from rljob.weights.encoding import (
     DeltaFormatError,
     EncodedDelta,
     apply_delta_bits,
     decode_delta,
+    ef_pack,
+    ef_unpack,
     encode_delta,
+    find_changes,
     from_ordered,
     pack_fixed,
     rice_decode,
@@ -25,7 +29,7 @@ from rljob.weights.encoding import (
     unpack_fixed,
 )
 
-CODECS = [(p, v) for p in ("rice", "bitmask", "dense") for v in ("raw", "ulp")]
+CODECS = [(p, v) for p in ("ef", "rice", "bitmask", "dense") for v in ("raw", "ulp", "ulpr", "ulpf")]
 SHAPES = [(), (1,), (7,), (3, 5, 7), (1023,), (64, 33)]
 
 NAN_QUIET, NAN_PAYLOAD, NEG_NAN = 0x7FC0, 0x7F81, 0xFFC1
@@ -163,7 +167,7 @@ def test_small_updates_are_compact():
     old = random_bits(rng, (1_000_000,))
     for density in (0.005, 0.01):
         enc = encode_delta(old, nudge(rng, old, density))
-        assert enc.positions == "rice" and enc.values == "ulp"
+        assert enc.positions == "ef" and enc.values in ("ulpf", "ulpr")
         assert enc.nbytes / enc.count < 2.0
         overwrite = encode_delta(old, nudge(rng, old, density), overwrite_only=True)
         assert overwrite.values == "raw"
@@ -187,11 +191,17 @@ def test_compression_is_used_only_where_it_pays():
     assert incompressible.zipped == (False,)
 
 
-@pytest.mark.parametrize("bits", [1, 3, 7, 8, 13, 16, 25, 26, 31, 32])
-def test_fixed_width_packing(bits):
-    rng = np.random.default_rng(bits)
-    values = rng.integers(0, 2**bits, size=1001, dtype=np.uint64).astype(np.int64)
-    assert np.array_equal(unpack_fixed(pack_fixed(values, bits), values.size, bits), values)
+@pytest.mark.parametrize("bits", range(1, 33))
+@pytest.mark.parametrize("size", [1, 7, 1001])
+def test_fixed_width_packing(bits, size):
+    """Every width, group-packed or word-packed, against a plain bit-by-bit reference."""
+    rng = np.random.default_rng(bits * 10_000 + size)
+    values = rng.integers(0, 2**bits, size=size, dtype=np.uint64).astype(np.int64)
+    values[0] = 2**bits - 1
+    packed = pack_fixed(values, bits)
+    reference = np.packbits(((values[:, None] >> np.arange(bits - 1, -1, -1)) & 1).astype(np.uint8).reshape(-1))
+    assert packed == reference.tobytes()
+    assert np.array_equal(unpack_fixed(packed, values.size, bits), values)
 
 
 def test_rice_coding_of_positions():
@@ -244,3 +254,76 @@ def test_shape_and_dtype_mismatches_are_refused():
         apply_delta(torch.zeros(10, dtype=torch.float16), enc)
     with pytest.raises(ValueError):
         apply_delta(torch.zeros(11, dtype=torch.bfloat16), enc)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("positions", "values"), CODECS)
+def test_apply_returns_the_publishers_change_sum(dtype, positions, values):
+    """The reader's sum over what its target held and now holds equals the publisher's sum."""
+    rng = np.random.default_rng(11)
+    old = random_bits(rng, (41, 23))
+    new = nudge(rng, old, 0.3)
+    new.reshape(-1)[:3] = [NAN_PAYLOAD, NEG_ZERO, POS_INF]
+    changes = find_changes(old, new)
+    expected = change_sum(changes.positions, changes.old, changes.new)
+    target = torch.from_numpy(old.view(np.int16).copy()).view(torch.bfloat16).to(dtype)
+    assert apply_delta(target, encode_delta(old, new, positions=positions, values=values)) == expected
+    assert bf16_bits(target, exact=True).tobytes() == new.tobytes()
+
+
+@pytest.mark.parametrize(("positions", "values"), [("ef", "raw"), ("ef", "ulpf"), ("rice", "ulpr"), ("dense", "ulp")])
+def test_change_sum_exposes_a_target_off_its_base_where_the_delta_touches(positions, values):
+    rng = np.random.default_rng(12)
+    old = random_bits(rng, (5000,))
+    new = nudge(rng, old, 0.05)
+    changes = find_changes(old, new)
+    expected = change_sum(changes.positions, changes.old, changes.new)
+    drifted = old.copy()
+    drifted[changes.positions[7]] ^= 0x0001  # one touched value is not what the base version had
+    target = torch.from_numpy(drifted.view(np.int16)).view(torch.bfloat16)
+    assert apply_delta(target, encode_delta(old, new, positions=positions, values=values)) != expected
+
+
+def test_change_sum_is_position_aware_and_zero_for_no_change():
+    positions = np.array([3, 9], dtype=np.int64)
+    a, b = np.array([1, 2], dtype=np.uint16), np.array([2, 1], dtype=np.uint16)
+    assert change_sum(positions, a, b) != change_sum(positions[::-1].copy(), a, b)
+    assert change_sum(positions, a, a) == 0
+    assert change_sum(positions[:0], a[:0], b[:0]) == 0
+
+
+@pytest.mark.parametrize("size", [1, 5, 4096, 262_144 * 2 + 13])
+@pytest.mark.parametrize("density", [0.0, 0.01, 1.0])
+def test_find_changes_matches_a_plain_compare_and_advances_in_place(size, density):
+    rng = np.random.default_rng(size)
+    old = rng.integers(0, 2**16, size=size, dtype=np.uint32).astype(np.uint16)
+    new = old.copy()
+    picked = rng.random(size) < density
+    new[picked] ^= rng.integers(1, 2**16, size=int(picked.sum()), dtype=np.uint32).astype(np.uint16)
+    changes = find_changes(old, new)
+    expected = np.flatnonzero(old != new)
+    assert np.array_equal(changes.positions, expected)
+    assert np.array_equal(changes.old, old[expected]) and np.array_equal(changes.new, new[expected])
+    base = old.copy()
+    advanced = find_changes(base, new, advance=True)
+    assert np.array_equal(advanced.positions, expected) and np.array_equal(advanced.old, old[expected])
+    assert np.array_equal(base, new)
+
+
+@pytest.mark.parametrize("low_bits", [0, 8, 16])
+def test_elias_fano_positions_roundtrip(low_bits):
+    rng = np.random.default_rng(13)
+    positions = np.flatnonzero(rng.random(300_000) < 0.01)
+    upper, lower = ef_pack(positions, low_bits)
+    assert np.array_equal(ef_unpack(upper, lower, positions.size, low_bits), positions)
+    assert len(upper) * 8 + len(lower) * 8 <= positions.size * (low_bits + 1) + (300_000 >> low_bits) + 8
+
+
+def test_position_codec_follows_density():
+    rng = np.random.default_rng(14)
+    old = random_bits(rng, (400_000,))
+    chosen = {d: encode_delta(old, nudge(rng, old, d)) for d in (0.00005, 0.01, 0.1)}
+    assert chosen[0.01].positions == "ef"  # cheapest to code and decode in the usual range
+    assert chosen[0.1].positions == "rice"  # clearly smaller there
+    for enc in chosen.values():
+        assert enc.nbytes / enc.count < 3.0

@@ -3,6 +3,9 @@
 Targets are bf16 or fp32 tensors on any device; bf16 -> fp32 is exact, so an fp32 target holds
 exactly the published bf16 values. Models are addressed by `named_parameters()`, which lists a
 tied weight (SmolLM2's lm_head / embed_tokens) once, the same way the publisher names them.
+A delta is decoded straight into the tensor's own memory and touches only the changed elements;
+`apply_delta` returns the change sum (`checksum.change_sum`) of what the target held before and
+holds after, for the reader to compare with the manifest.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from collections.abc import Mapping, MutableMapping
 import numpy as np
 import torch
 
-from rljob.weights.encoding import EncodedDelta, decode_positions, decode_values
+from rljob.weights.checksum import change_sum
+from rljob.weights.encoding import EncodedDelta, decode_positions, decode_values, needs_old_values
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
 
@@ -43,43 +47,49 @@ def _bits_at(flat: torch.Tensor, positions: torch.Tensor | None) -> np.ndarray:
     return picked.cpu().view(torch.int16).numpy().view(np.uint16)
 
 
-def apply_delta(tensor: torch.Tensor, enc: EncodedDelta) -> None:
-    """Overwrite the changed elements of `tensor` with the delta's new bf16 values, in place."""
+def apply_delta(tensor: torch.Tensor, enc: EncodedDelta) -> int:
+    """Overwrite the changed elements of `tensor` with the delta's new bf16 values, in place.
+
+    Returns the change sum of the values the target held there before and holds now.
+    """
     if enc.positions == "none":
-        return
+        return 0
     flat = _flat(tensor)
     if flat.numel() != enc.numel:
         raise ValueError(f"delta is for {enc.numel} elements, tensor has {flat.numel()}")
+    positions = decode_positions(enc)
     if flat.device.type == "cpu":
-        _apply_cpu(flat, enc)
-        return
+        return _apply_cpu(flat, enc, positions)
     dense = enc.positions == "dense"
-    positions = None if dense else torch.from_numpy(decode_positions(enc)).to(flat.device)
-    old = _bits_at(flat, positions) if enc.values == "ulp" else None
-    values = decode_values(enc, old)
+    index = None if dense else torch.from_numpy(positions).to(flat.device)
+    old = _bits_at(flat, index)
+    values = decode_values(enc, old if needs_old_values(enc) else None)
     new = torch.from_numpy(values.view(np.int16)).view(torch.bfloat16).to(flat.device)
     with torch.no_grad():
         if dense:
             flat.copy_(new)
         elif flat.dtype == torch.bfloat16:
-            flat.view(torch.int16)[positions] = new.view(torch.int16)
+            flat.view(torch.int16)[index] = new.view(torch.int16)
         else:
-            flat[positions] = new.to(flat.dtype)
+            flat[index] = new.to(flat.dtype)
+    return change_sum(positions, old, _bits_at(flat, index))
 
 
-def _apply_cpu(flat: torch.Tensor, enc: EncodedDelta) -> None:
+def _apply_cpu(flat: torch.Tensor, enc: EncodedDelta, positions: np.ndarray) -> int:
     """numpy gather/scatter on a view of the tensor's own memory (several times faster than torch's
     advanced indexing on bf16). fp32 holds a bf16 value exactly as its upper 16 bits, lower zero."""
-    dense = enc.positions == "dense"
-    positions = slice(None) if dense else decode_positions(enc)
+    where = slice(None) if enc.positions == "dense" else positions
     if flat.dtype == torch.bfloat16:
         memory = flat.view(torch.int16).numpy().view(np.uint16)
-        old = memory[positions] if enc.values == "ulp" else None
-        memory[positions] = decode_values(enc, old)
+        old = memory[where].copy() if isinstance(where, slice) else memory[where]
+        new = decode_values(enc, old if needs_old_values(enc) else None)
+        memory[where] = new
     else:
-        memory = flat.view(torch.int32).numpy().view(np.uint32)
-        old = (memory[positions] >> 16).astype(np.uint16) if enc.values == "ulp" else None
-        memory[positions] = decode_values(enc, old).astype(np.uint32) << 16
+        memory32 = flat.view(torch.int32).numpy().view(np.uint32)
+        old = (memory32[where] >> 16).astype(np.uint16)
+        new = decode_values(enc, old if needs_old_values(enc) else None)
+        memory32[where] = new.astype(np.uint32) << 16
+    return change_sum(positions, old, new)
 
 
 def write_full(tensor: torch.Tensor, values: torch.Tensor) -> None:

@@ -1,8 +1,22 @@
-"""Checksums: of a tensor's bf16 bit pattern (what the reader must end up with) and of a chunk.
+"""Checksums: of a tensor's bf16 bit pattern (what the reader must end up with), of a delta's
+change, and of a chunk.
 
-A tensor checksum is SHA-256 (hardware-accelerated on current CPUs, about as fast as CRC32 here)
-over the little-endian bf16 bytes, so fp32 and bf16 copies of the same bf16 values agree. Chunks
-carry a CRC32, enough to catch a torn or corrupted Redis value before anything is decoded.
+Three checks, each sized to what it guards:
+
+- ``change_sum`` (every delta, O(changed values) on both sides): a 64-bit sum over the changed
+  elements i of h(i, new_i) - h(i, old_i) mod 2^64, with h(i, v) = (2i + 1) * T[v] and T a fixed
+  table of 65536 pseudo-random 64-bit values. The publisher sums over its baseline; the reader
+  over what its target held before and holds after. It therefore catches a wrong decode (value or
+  position) and a target that was not at the base version wherever the delta touches it (an
+  overwrite from a different old value, or an ulp step from one, changes the sum). Position-aware
+  (the odd factor 2i + 1) and nonlinear in the value (the table), so errors do not cancel except
+  by a 2^-64 accident; it guards against accidents, not adversaries.
+- ``bits_checksum`` (SHA-256): fulls check every tensor whole. Deltas check a rotating window of
+  the model (see `WeightPublisher(check_versions=...)`), which catches drift where no delta
+  touches, within a bounded number of versions, at a fixed small cost per version.
+- ``chunk_crc`` (CRC32): catches a torn or corrupted Redis value before anything is decoded.
+
+SHA-256 runs over the little-endian bf16 bytes, so fp32 and bf16 copies of the same values agree.
 """
 
 from __future__ import annotations
@@ -12,6 +26,38 @@ import zlib
 
 import numpy as np
 import torch
+
+_U64 = np.uint64
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    z = x.astype(_U64) + _U64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> _U64(27))) * _U64(0x94D049BB133111EB)
+    return z ^ (z >> _U64(31))
+
+
+# Plain integer arithmetic, so the same on every machine and numpy version.
+_VALUE_HASH = _splitmix64(np.arange(1 << 16, dtype=_U64) + _U64(0x5EED_0000))
+_VALUE_HASH.setflags(write=False)
+
+
+def change_sum(positions: np.ndarray, old: np.ndarray, new: np.ndarray) -> int:
+    """sum_i (2 p_i + 1) * (T[new_i] - T[old_i]) mod 2^64 over changed positions p_i (any superset
+    of the changed positions gives the same sum: unchanged elements contribute zero)."""
+    if positions.size == 0:
+        return 0
+    diff = _VALUE_HASH[np.asarray(new).view(np.uint16)]
+    diff -= _VALUE_HASH[np.asarray(old).view(np.uint16)]
+    weights = positions.astype(_U64)
+    weights <<= _U64(1)
+    weights |= _U64(1)
+    diff *= weights
+    return int(diff.sum(dtype=_U64))
+
+
+def format_sum(value: int) -> str:
+    return f"{value & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
 def bf16_bits(tensor: torch.Tensor, *, exact: bool = False) -> np.ndarray:
@@ -34,9 +80,13 @@ def bits_checksum(bits: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(bits).astype("<u2", copy=False).data).hexdigest()[:32]
 
 
-def tensor_checksum(tensor: torch.Tensor) -> str:
-    """Checksum of the bf16 bit pattern a reader's tensor holds (fp32 targets: exact upper halves)."""
-    return bits_checksum(bf16_bits(tensor, exact=True))
+def tensor_checksum(tensor: torch.Tensor, start: int = 0, stop: int | None = None) -> str:
+    """Checksum of the bf16 bit pattern a reader's tensor holds in [start, stop) of its flat view
+    (fp32 targets: exact upper halves)."""
+    flat = tensor.detach().reshape(-1)
+    if start or stop is not None:
+        flat = flat[start:stop]
+    return bits_checksum(bf16_bits(flat, exact=True))
 
 
 def chunk_crc(data: bytes | memoryview) -> int:

@@ -5,37 +5,60 @@ Pure numpy, no Python loop per element. A delta says *which* elements changed (p
 tensor, the smallest:
 
 positions
+  ``ef``      Elias-Fano: the low l bits of each position as whole bytes (l in 0, 8, 16) and the
+              high parts as a unary bit stream. Within a fraction of a bit of Rice at the
+              densities that matter, and the cheapest to code and decode (no gaps, no bit packing).
   ``rice``    sorted positions, gap-coded: each gap split into a unary quotient (one bit stream)
-              and k low bits (a packed stream). Near the entropy of random sparse changes.
-  ``bitmask`` one bit per element; wins when more than a few percent changed.
+              and k low bits (a packed stream). Near the entropy of random sparse changes; used
+              when it is clearly smaller than ``ef`` (very sparse or dense changes).
+  ``bitmask`` one bit per element; wins when a large fraction changed.
   ``dense``   no positions: every element is carried (most of the tensor changed).
 values
   ``raw``     the new bf16 bit patterns, byte planes split (sign/exponent bytes compress well).
   ``ulp``     the signed distance, in units in the last place, from the old to the new value on
-              the ordered bf16 number line, zig-zag coded. Most updates at small learning rates
-              move a value by one or two ulp, so this is usually one byte or less per value.
+              the ordered bf16 number line, zig-zag coded, one or two bytes each.
+  ``ulpf``    the same distances in fixed-width bit fields (2 bits when every step is 1 or 2 ulp).
+  ``ulpr``    the same distances Rice-coded, for when a few large steps would widen every field.
+              Most updates at small learning rates move a value by one or two ulp: about two
+              bits per value either way, no compressor needed.
 
-Both value codings reproduce the new bit pattern exactly: ``raw`` is a plain overwrite, ``ulp``
-an exact integer step from the old bit pattern (mod 2^16, so NaN, infinity and -0 round-trip).
-``ulp`` needs the reader to hold exactly the base version, which the per-version checksums
-guarantee; a publisher that wants pure overwrites sets ``overwrite_only``.
-Every stream may additionally be zlib-compressed when that makes it smaller.
+Every value coding reproduces the new bit pattern exactly: ``raw`` is a plain overwrite, the
+``ulp*`` codings an exact integer step from the old bit pattern (mod 2^16, so NaN, infinity and -0
+round-trip). The ulp codings need the reader to hold exactly the base version, which the reader's
+checks guarantee; a publisher that wants pure overwrites sets ``overwrite_only``.
+Byte-oriented streams (raw planes, ulp bytes, bitmask) may be zlib-compressed when that makes them
+smaller; Rice streams are already near their entropy and never are (zlib was most of encode time).
+
+Speed: encoding and decoding are a fixed, small number of numpy passes over the *changed* values.
+The only pass over all values is `find_changes`, which compares in cache-sized blocks.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-POSITION_CODECS = ("none", "rice", "bitmask", "dense")
-VALUE_CODECS = ("raw", "ulp")
+POSITION_CODECS = ("none", "rice", "bitmask", "dense", "ef")
+VALUE_CODECS = ("raw", "ulp", "ulpr", "ulpf")
+_POSITION_STREAMS = {"none": 0, "rice": 2, "bitmask": 1, "dense": 0, "ef": 2}
+_VALUE_STREAMS = {"raw": 1, "ulp": 1, "ulpr": 2, "ulpf": 1}
+_EF_LOW_BITS = (0, 8, 16)  # whole bytes: the low parts need no bit packing
+# Rice replaces Elias-Fano only when it is at least this much smaller (EF is faster both ways).
+_RICE_OVER_EF = 0.85
 
 # A stream is only kept compressed when zlib saves at least this fraction; decompression is not free.
 _MIN_ZLIB_SAVING = 0.03
 _ZLIB_LEVEL = 6
+# Above this many ulp, a raw overwrite may be smaller than the Rice-coded step: try both.
+_ULP_RAW_THRESHOLD = 1 << 12
+# Elements compared per block in `find_changes` (the block and its bool scratch stay in cache).
+_COMPARE_BLOCK = 1 << 18
+_U64 = np.uint64
 
 
 class DeltaFormatError(ValueError):
@@ -50,11 +73,12 @@ class EncodedDelta:
     count: int
     positions: str = "none"
     values: str = "raw"
-    rice_k: int = 0
-    value_width: int = 2  # bytes per coded value before compression
+    rice_k: int = 0  # ``rice``: Rice parameter; ``ef``: low bits per position
+    value_width: int = 2  # ``ulp``: bytes per coded value before compression
     streams: tuple[bytes, ...] = ()
     zipped: tuple[bool, ...] = ()
     raw_lengths: tuple[int, ...] = field(default=())  # uncompressed length of each stream
+    value_k: int = 0  # ``ulpr``: Rice parameter of the value stream; ``ulpf``: field width in bits
 
     @property
     def nbytes(self) -> int:
@@ -63,10 +87,10 @@ class EncodedDelta:
 
     @property
     def encoding(self) -> str:
-        """Human-readable name, e.g. ``rice+ulp1+z`` (z: at least one stream compressed)."""
+        """Human-readable name, e.g. ``rice+ulpr0`` or ``rice+ulp1+z`` (z: a stream is compressed)."""
         if self.positions == "none":
             return "none"
-        width = self.value_width if self.values == "ulp" else ""
+        width = {"raw": "", "ulp": self.value_width, "ulpr": self.value_k, "ulpf": self.value_k}[self.values]
         return f"{self.positions}+{self.values}{width}" + ("+z" if any(self.zipped) else "")
 
     def meta(self) -> dict[str, Any]:
@@ -78,6 +102,7 @@ class EncodedDelta:
             "values": self.values,
             "rice_k": self.rice_k,
             "value_width": self.value_width,
+            "value_k": self.value_k,
             "lengths": [len(s) for s in self.streams],
             "zipped": list(self.zipped),
             "raw_lengths": list(self.raw_lengths),
@@ -93,6 +118,11 @@ class EncodedDelta:
             raise DeltaFormatError(f"payload has {len(payload)} bytes, metadata says {sum(lengths)}")
         if meta["positions"] not in POSITION_CODECS or meta["values"] not in VALUE_CODECS:
             raise DeltaFormatError(f"unknown codec {meta['positions']}/{meta['values']}")
+        expected = 0
+        if meta["positions"] != "none":
+            expected = _POSITION_STREAMS[meta["positions"]] + _VALUE_STREAMS[meta["values"]]
+        if not len(lengths) == len(meta["zipped"]) == len(meta["raw_lengths"]) == expected:
+            raise DeltaFormatError(f"{meta['positions']}/{meta['values']} needs {expected} streams, got {len(lengths)}")
         view = memoryview(payload)
         streams, offset = [], 0
         for n in lengths:
@@ -108,74 +138,246 @@ class EncodedDelta:
             streams=tuple(streams),
             zipped=tuple(bool(z) for z in meta["zipped"]),
             raw_lengths=tuple(int(n) for n in meta["raw_lengths"]),
+            value_k=int(meta.get("value_k", 0)),  # absent in format-1 manifests (no ulpr then)
         )
 
 
 # ---------------------------------------------------------------------------- bit-level helpers
 
 
+def _group(bits: int) -> int:
+    """Fields per whole-byte group (g * bits is a multiple of 8), or 0 when a group overflows 64 bits."""
+    g = 8 // math.gcd(bits, 8)
+    return g if g * bits <= 64 else 0
+
+
+def fast_width(bits: int) -> bool:
+    """Widths `pack_fixed` handles a whole group at a time (all <= 8, even <= 16, multiples of 4)."""
+    return bits == 0 or (bits <= 32 and _group(bits) > 0)
+
+
+_FAST_WIDTHS = tuple(k for k in range(32) if fast_width(k))
+
+
+_WORD_TYPES = {8: ">u1", 16: ">u2", 32: ">u4", 64: ">u8"}
+
+
+def _word_type(group_bits: int) -> tuple[str, int]:
+    """The narrowest big-endian integer that holds a group, and its size in bits."""
+    size = next(size for size in (8, 16, 32, 64) if group_bits <= size)
+    return _WORD_TYPES[size], size
+
+
 def pack_fixed(values: np.ndarray, bits: int) -> bytes:
     """Pack non-negative integers (< 2**bits, bits <= 32) as consecutive big-endian bit fields."""
     if bits == 0 or values.size == 0:
         return b""
-    as_bytes = values.astype(">u4").view(np.uint8).reshape(-1, 4)
-    matrix = np.unpackbits(as_bytes, axis=1)[:, 32 - bits :]
-    return np.packbits(matrix.reshape(-1)).tobytes()
+    if not 0 < bits <= 32:
+        raise ValueError(f"field width must be 1..32 bits, got {bits}")
+    group = _group(bits)
+    if not group:
+        return _pack_fixed_words(values, bits)
+    word_type, word_bits = _word_type(group * bits)
+    if group == 1 and word_bits == bits:  # whole bytes: a plain cast
+        return values.astype(word_type).tobytes()
+    # `group` fields fill exactly group*bits/8 bytes: build each group's bits in one word.
+    n = values.size
+    rows = -(-n // group)
+    native = np.dtype(word_type).newbyteorder("=")
+    padded = np.zeros(rows * group, dtype=native)
+    padded[:n] = values
+    cols = padded.reshape(rows, group)
+    word = cols[:, 0] << native.type(bits * (group - 1))
+    for j in range(1, group):
+        word |= cols[:, j] << native.type(bits * (group - 1 - j))
+    width = group * bits // 8
+    grid = word.astype(word_type).view(np.uint8).reshape(rows, word_bits // 8)[:, word_bits // 8 - width :]
+    return grid.tobytes()[: (n * bits + 7) // 8]
 
 
-def unpack_fixed(buf: bytes, count: int, bits: int) -> np.ndarray:
-    """Inverse of `pack_fixed`; returns int64.
+def _pack_fixed_words(values: np.ndarray, bits: int) -> bytes:
+    """Any width <= 32: each field lands in at most two 64-bit words; OR them per word."""
+    n = values.size
+    x = values.astype(_U64) << _U64(64 - bits)  # field at the top of a word
+    start = np.arange(0, n * bits, bits, dtype=_U64)
+    word = start >> _U64(6)
+    offset = start & _U64(63)
+    head = x >> offset
+    tail = (x << _U64(1)) << (_U64(63) - offset)  # what spilled past the word's end (0 if nothing)
+    firsts = np.flatnonzero(np.diff(word, prepend=_U64(2**63)))
+    used = word[firsts].astype(np.intp)
+    words = np.zeros(int(used[-1]) + 2, dtype=_U64)
+    words[used] = np.bitwise_or.reduceat(head, firsts)
+    words[used + 1] |= np.bitwise_or.reduceat(tail, firsts)
+    return words.astype(">u8").tobytes()[: (n * bits + 7) // 8]
 
-    Each field is read from the 32-bit big-endian window starting at its first byte, which holds
-    the whole field as long as bits + 7 <= 32 (wider fields take the slower bit-matrix path).
-    """
+
+def unpack_fixed(buf: bytes, count: int, bits: int, dtype: type = np.int64) -> np.ndarray:
+    """Inverse of `pack_fixed`; returns int64 (or `dtype`, which must hold `bits` bits)."""
     if bits == 0 or count == 0:
-        return np.zeros(count, dtype=np.int64)
+        return np.zeros(count, dtype=dtype)
+    if not 0 < bits <= 32:
+        raise DeltaFormatError(f"field width must be 1..32 bits, got {bits}")
     raw = np.frombuffer(buf, dtype=np.uint8)
     if raw.size * 8 < count * bits:
         raise DeltaFormatError(f"fixed-width stream too short: {raw.size} bytes for {count}x{bits} bits")
-    if bits > 25:
-        matrix = np.zeros((count, 32), dtype=np.uint8)
-        matrix[:, 32 - bits :] = np.unpackbits(raw, count=count * bits).reshape(count, bits)
-        return np.packbits(matrix, axis=1).view(">u4").reshape(-1).astype(np.int64)
-    padded = np.concatenate([raw, np.zeros(4, dtype=np.uint8)]).astype(np.uint32)
-    start = np.arange(count, dtype=np.int64) * bits
-    first = start >> 3
-    window = (padded[first] << 24) | (padded[first + 1] << 16) | (padded[first + 2] << 8) | padded[first + 3]
-    shift = (32 - bits - (start & 7)).astype(np.uint32)
-    return ((window >> shift) & np.uint32((1 << bits) - 1)).astype(np.int64)
+    group = _group(bits)
+    if not group:
+        return _unpack_fixed_words(raw, count, bits).astype(dtype, copy=False)
+    word_type, word_bits = _word_type(group * bits)
+    if group == 1 and word_bits == bits:
+        return np.frombuffer(buf, dtype=word_type, count=count).astype(dtype)
+    width, word_bytes = group * bits // 8, word_bits // 8
+    rows = -(-count // group)
+    grid = np.zeros((rows, word_bytes), dtype=np.uint8)
+    flat = np.zeros(rows * width, dtype=np.uint8)
+    used = min(raw.size, flat.size)
+    flat[:used] = raw[:used]
+    grid[:, word_bytes - width :] = flat.reshape(rows, width)
+    native = np.dtype(word_type).newbyteorder("=")
+    word = grid.view(word_type).reshape(rows).astype(native)
+    out = np.empty((rows, group), dtype=dtype)
+    mask = native.type((1 << bits) - 1)
+    for j in range(group):
+        out[:, j] = (word >> native.type(bits * (group - 1 - j))) & mask
+    return out.reshape(-1)[:count]
 
 
-def rice_cost_bits(gaps: np.ndarray, k: int) -> int:
-    return int(gaps.size * (k + 1) + int(np.sum(gaps >> k)))
+def _unpack_fixed_words(raw: np.ndarray, count: int, bits: int) -> np.ndarray:
+    padded = np.zeros(((raw.size + 7) // 8 + 1) * 8, dtype=np.uint8)
+    padded[: raw.size] = raw
+    words = padded.view(">u8").astype(_U64)
+    start = np.arange(0, count * bits, bits, dtype=_U64)
+    word = (start >> _U64(6)).astype(np.intp)
+    offset = start & _U64(63)
+    # (next >> 1) >> (63 - offset) is next >> (64 - offset), and 0 when offset is 0.
+    both = (words[word] << offset) | ((words[word + 1] >> _U64(1)) >> (_U64(63) - offset))
+    return (both >> _U64(64 - bits)).astype(np.int64)
 
 
-def best_rice_k(gaps: np.ndarray) -> int:
-    """The Rice parameter that minimises the coded size (searched near log2 of the mean gap)."""
-    mean = float(gaps.mean()) if gaps.size else 0.0
-    guess = max(0, int(np.log2(mean + 1.0)))
-    candidates = range(max(0, guess - 2), min(31, guess + 2) + 1)
-    return min(candidates, key=lambda k: rice_cost_bits(gaps, k))
+def rice_cost_bits(values: np.ndarray, k: int) -> int:
+    return int(values.size * (k + 1) + int(np.sum(values >> k)))
+
+
+def best_rice_k(values: np.ndarray) -> int:
+    """The Rice parameter that minimises the coded size, among widths `pack_fixed` packs fast.
+
+    Searched next to log2 of the mean (where the optimum of a geometric distribution lies); the
+    fast-width restriction costs at most a fraction of a bit.
+    """
+    if values.size == 0:
+        return 0
+    total = int(values.sum())
+    guess = max(0, int(np.log2(total / values.size * 0.69 + 1.0)))
+    candidates = [k for k in _FAST_WIDTHS if guess - 1 <= k <= guess + 2]
+
+    def cost(k: int) -> int:
+        return values.size * (k + 1) + (total if k == 0 else int(np.sum(values >> k)))
+
+    return min(candidates, key=cost)
+
+
+def estimate_rice_bits(count: int, gap_sum: int) -> int:
+    """Approximate Rice size of `count` geometric gaps summing to `gap_sum` (no pass over them):
+    the quotients sum to about gap_sum / 2^k less half a unit per gap for the rounding down."""
+    if count == 0:
+        return 0
+
+    def cost(k: int) -> int:
+        return count * (k + 1) + max(0, (gap_sum >> k) - ((count * ((1 << k) - 1)) >> (k + 1)))
+
+    # The optimum is near log2 of the mean gap; a few widths either side cover the rounding.
+    guess = max(0, (gap_sum // count).bit_length() - 1)
+    return min(cost(k) for k in _FAST_WIDTHS if guess - 3 <= k <= guess + 3)
+
+
+def ef_cost_bits(count: int, numel: int, low_bits: int) -> int:
+    return count * (low_bits + 1) + (numel >> low_bits) + 1
+
+
+def best_ef_bits(count: int, numel: int) -> int:
+    return min(_EF_LOW_BITS, key=lambda low: ef_cost_bits(count, numel, low))
+
+
+def ef_pack(positions: np.ndarray, low_bits: int) -> tuple[bytes, bytes]:
+    """Elias-Fano: (unary stream of the high parts, bit i + high_i set; low parts as bytes)."""
+    if positions.size == 0:
+        return b"", b""
+    high = positions >> low_bits
+    high += np.arange(positions.size)
+    bits = np.zeros(int(high[-1]) + 1, dtype=np.uint8)
+    bits[high] = 1
+    lower = positions.astype(_WORD_TYPES[low_bits]).tobytes() if low_bits else b""  # the cast keeps the low bits
+    return np.packbits(bits).tobytes(), lower
+
+
+def ef_unpack(upper: bytes, lower: bytes, count: int, low_bits: int) -> np.ndarray:
+    if low_bits not in _EF_LOW_BITS:
+        raise DeltaFormatError(f"Elias-Fano low parts of {low_bits} bits are not a supported width")
+    positions = _terminators(upper, count)
+    positions -= np.arange(count)
+    if low_bits:
+        positions <<= low_bits
+        positions |= unpack_fixed(lower, count, low_bits)
+    return positions
+
+
+def rice_pack(values: np.ndarray, k: int) -> tuple[bytes, bytes]:
+    """Rice-code non-negative integers: (unary quotient bit stream, k-bit remainders)."""
+    if values.size == 0:
+        return b"", b""
+    terminators = np.cumsum(values >> k)
+    terminators += np.arange(values.size)
+    bits = np.zeros(int(terminators[-1]) + 1, dtype=np.uint8)
+    bits[terminators] = 1
+    return np.packbits(bits).tobytes(), pack_fixed(values & ((1 << k) - 1), k)
+
+
+def _terminators(unary: bytes, count: int) -> np.ndarray:
+    terminators = np.flatnonzero(np.unpackbits(np.frombuffer(unary, dtype=np.uint8)))[:count]
+    if terminators.size != count:
+        raise DeltaFormatError(f"rice stream holds {terminators.size} values, expected {count}")
+    return terminators
+
+
+def rice_unpack(unary: bytes, low: bytes, count: int, k: int) -> np.ndarray:
+    """Inverse of `rice_pack` (int64)."""
+    terminators = _terminators(unary, count)
+    quotients = np.diff(terminators, prepend=-1)
+    quotients -= 1
+    if k == 0:
+        return quotients
+    quotients <<= k
+    quotients |= unpack_fixed(low, count, k)
+    return quotients
+
+
+def _gaps(positions: np.ndarray) -> np.ndarray:
+    gaps = np.empty_like(positions)
+    if positions.size:
+        gaps[0] = positions[0]
+        np.subtract(positions[1:], positions[:-1], out=gaps[1:])
+        gaps[1:] -= 1
+    return gaps
 
 
 def rice_encode(positions: np.ndarray, k: int) -> tuple[bytes, bytes]:
     """Gap-code strictly increasing positions: (unary quotient bit stream, k-bit remainders)."""
-    gaps = np.diff(positions, prepend=-1) - 1
-    quotients = gaps >> k
-    terminators = np.cumsum(quotients) + np.arange(positions.size)
-    bits = np.zeros(int(terminators[-1]) + 1 if positions.size else 0, dtype=np.uint8)
-    bits[terminators] = 1
-    return np.packbits(bits).tobytes(), pack_fixed(gaps & ((1 << k) - 1), k)
+    return rice_pack(_gaps(positions), k)
 
 
 def rice_decode(unary: bytes, low: bytes, count: int, k: int) -> np.ndarray:
-    bits = np.unpackbits(np.frombuffer(unary, dtype=np.uint8))
-    terminators = np.flatnonzero(bits)[:count]
-    if terminators.size != count:
-        raise DeltaFormatError(f"rice stream holds {terminators.size} positions, expected {count}")
-    quotients = np.diff(terminators, prepend=-1) - 1
-    gaps = (quotients << k) | unpack_fixed(low, count, k)
-    return np.cumsum(gaps + 1) - 1
+    # The i-th terminator sits at (sum of the first i+1 quotients) + i, so the positions follow from
+    # the terminators and the running sum of the remainders without differencing them.
+    terminators = _terminators(unary, count)
+    if k == 0:
+        return terminators
+    ramp = np.arange(count)
+    terminators -= ramp
+    terminators <<= k
+    terminators += ramp
+    terminators += np.cumsum(unpack_fixed(low, count, k))
+    return terminators
 
 
 def to_ordered(bits: np.ndarray) -> np.ndarray:
@@ -238,52 +440,163 @@ def _unzip(stream: bytes, zipped: bool, raw_length: int) -> bytes:
     return out
 
 
+# ---------------------------------------------------------------------------- finding changes
+
+
+@dataclass(frozen=True)
+class Changes:
+    """Where two flat bit-pattern arrays differ, and both sides' values there."""
+
+    positions: np.ndarray  # int64, strictly increasing
+    old: np.ndarray  # uint16
+    new: np.ndarray  # uint16
+
+    @property
+    def count(self) -> int:
+        return int(self.positions.size)
+
+
+BlockSource = Callable[[int, int], np.ndarray]
+
+
+def find_changes(old_bits: np.ndarray, new_bits: np.ndarray | BlockSource, *, advance: bool = False) -> Changes:
+    """Where two bit-pattern arrays differ, with both sides' values there.
+
+    One pass in cache-sized blocks into a reused bool buffer (about twice as fast as a plain
+    ``np.flatnonzero(old != new)``, which writes and rereads a mask the size of the tensor); the
+    values are gathered while their block is still in cache. With `advance`, `old_bits` (which must
+    then be a writable flat uint16 array) is updated to the new values on the way, for the same
+    reason. `new_bits` may be a function (start, stop) -> uint16 block, so that a caller can make
+    each block just before it is compared (the publisher casts fp32 to bf16 that way, in cache).
+    """
+    old = as_flat_bits(old_bits)
+    if callable(new_bits):
+        block_of = new_bits
+    else:
+        new = as_flat_bits(new_bits)
+        if old.shape != new.shape:
+            raise ValueError(f"shape mismatch: {old.shape} vs {new.shape}")
+
+        def block_of(start: int, stop: int) -> np.ndarray:
+            return new[start:stop]
+
+    if advance and not np.shares_memory(old, old_bits):
+        raise ValueError("advance needs a contiguous uint16 baseline to update in place")
+    scratch = np.empty(min(_COMPARE_BLOCK, old.size), dtype=np.bool_)
+    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for start in range(0, old.size, _COMPARE_BLOCK):
+        stop = min(start + _COMPARE_BLOCK, old.size)
+        old_block, new_block, differ = old[start:stop], block_of(start, stop), scratch[: stop - start]
+        np.not_equal(old_block, new_block, out=differ)
+        hit = np.flatnonzero(differ)
+        if hit.size:
+            was, now = old_block[hit], new_block[hit]
+            if advance:
+                old_block[hit] = now
+            hit += start
+            found.append((hit, was, now))
+    if not found:
+        return Changes(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint16), np.zeros(0, dtype=np.uint16))
+    if len(found) == 1:
+        return Changes(*found[0])
+    return Changes(*(np.concatenate(parts) for parts in zip(*found, strict=True)))
+
+
+def changed_positions(old_bits: np.ndarray, new_bits: np.ndarray) -> np.ndarray:
+    """Flat int64 positions where two bit-pattern arrays differ."""
+    return find_changes(old_bits, new_bits).positions
+
+
 # ---------------------------------------------------------------------------- value coding
 
 
 def _encode_values(
-    old: np.ndarray, new: np.ndarray, overwrite_only: bool, all_ulp: bool = False
-) -> list[tuple[str, int, bytes]]:
-    """Candidate value codings (codec, width, uncompressed stream) for changed elements."""
-    raw = ("raw", 2, _split_planes(new))
-    if overwrite_only:
-        return [raw]
+    old: np.ndarray, new: np.ndarray, forced: str | None, overwrite_only: bool, bias: int
+) -> list[tuple[str, int, list[bytes], list[bool]]]:
+    """Candidate value codings (codec, width or k, streams, compress-worthy flags) for changed values.
+
+    `bias` is subtracted from the zig-zag steps before they are coded: 1 where every coded value
+    changed (a step is never 0), 0 for ``dense``.
+    """
+
+    def raw() -> tuple[str, int, list[bytes], list[bool]]:
+        return ("raw", 2, [_split_planes(new)], [True])
+
+    if overwrite_only or forced == "raw":
+        return [raw()]
     zig = ulp_zigzag(old, new)
-    if zig.size and int(zig.max()) < 256:
-        # One byte per value before compression already beats any raw coding (2 bytes, high
-        # byte rarely below 4 bits after zlib), so skip the cost of trying raw.
-        return [("ulp", 1, zig.astype(np.uint8).tobytes())]
-    if all_ulp:
-        return [("ulp", 2, _split_planes(zig))]
-    return [raw, ("ulp", 2, _split_planes(zig))]
+    if forced == "ulp":
+        if zig.size and int(zig.max()) < 256:
+            return [("ulp", 1, [zig.astype(np.uint8).tobytes()], [True])]
+        return [("ulp", 2, [_split_planes(zig)], [True])]
+    steps = zig - np.uint16(bias) if bias else zig  # uint16; a changed value's step is never 0
+    top = int(steps.max()) if steps.size else 0
+    width = max(1, top.bit_length())
+    if forced == "ulpf" or (forced is None and width <= 2):
+        # Two bits or fewer: Rice cannot be much smaller, and fixed fields decode fastest.
+        coded = ("ulpf", width, [pack_fixed(steps, width)], [False])
+    else:
+        k = best_rice_k(steps)
+        if forced is None and steps.size * width * 0.95 <= rice_cost_bits(steps, k):
+            coded = ("ulpf", width, [pack_fixed(steps, width)], [False])
+        else:
+            coded = ("ulpr", k, list(rice_pack(steps.astype(np.int64), k)), [False, False])
+    if forced is not None or width <= 4:
+        return [coded]
+    # Wide steps (real optimizer updates move small weights by many ulp): the byte coding with
+    # zlib, or a plain overwrite when steps are huge, can be smaller. Rare, so the cost is fine.
+    options = [coded, _encode_values(old, new, "ulp", False, bias)[0]]
+    if top >= _ULP_RAW_THRESHOLD:
+        options.insert(0, raw())
+    return options
 
 
-def _decode_values(enc: EncodedDelta, stream: bytes, old: np.ndarray | None, count: int) -> np.ndarray:
+def _decode_values(enc: EncodedDelta, streams: list[bytes], old: np.ndarray | None, count: int) -> np.ndarray:
     if enc.values == "raw":
-        return _join_planes(stream, count)
+        return _join_planes(streams[0], count)
     if old is None:
         raise ValueError("ulp-coded values need the old bit patterns at the changed positions")
+    if enc.values in ("ulpr", "ulpf"):
+        if enc.values == "ulpr":
+            steps = rice_unpack(streams[0], streams[1], count, enc.value_k)
+            if count and int(steps.max()) > (0xFFFF if enc.positions == "dense" else 0xFFFE):
+                raise DeltaFormatError("ulp step outside 16 bits")
+            steps = steps.astype(np.uint16)
+        else:
+            if enc.value_k > 16:
+                raise DeltaFormatError(f"ulp fields of {enc.value_k} bits exceed 16")
+            steps = unpack_fixed(streams[0], count, enc.value_k, dtype=np.uint16)
+        if enc.positions != "dense":
+            steps += np.uint16(1)
+        return ulp_unzigzag(old, steps)
     if enc.value_width == 1:
-        zig = np.frombuffer(stream, dtype=np.uint8)
+        zig = np.frombuffer(streams[0], dtype=np.uint8)
         if zig.size != count:
             raise DeltaFormatError(f"value stream has {zig.size} bytes, expected {count}")
     else:
-        zig = _join_planes(stream, count)
+        zig = _join_planes(streams[0], count)
     return ulp_unzigzag(old, zig)
 
 
 def _pack(
-    numel: int, count: int, positions: str, k: int, pos_streams: list[bytes], value: tuple[str, int, bytes]
+    numel: int,
+    count: int,
+    positions: str,
+    k: int,
+    pos_streams: list[tuple[bytes, bool]],
+    value: tuple[str, int, list[bytes], list[bool]],
 ) -> EncodedDelta:
-    raw_streams = [*pos_streams, value[2]]
-    packed = [_maybe_zip(s) for s in raw_streams]
+    raw_streams = [s for s, _ in pos_streams] + value[2]
+    worth = [w for _, w in pos_streams] + value[3]
+    packed = [_maybe_zip(s) if w else (s, False) for s, w in zip(raw_streams, worth, strict=True)]
     return EncodedDelta(
         numel=numel,
         count=count,
         positions=positions,
         values=value[0],
         rice_k=k,
-        value_width=value[1],
+        value_width=value[1] if value[0] in ("raw", "ulp") else 0,
+        value_k=value[1] if value[0] in ("ulpr", "ulpf") else 0,
         streams=tuple(p for p, _ in packed),
         zipped=tuple(z for _, z in packed),
         raw_lengths=tuple(len(s) for s in raw_streams),
@@ -307,53 +620,72 @@ def encode_delta(
     overwrite_only: bool = False,
     positions: str | None = None,
     values: str | None = None,
+    changes: Changes | None = None,
 ) -> EncodedDelta:
     """Smallest lossless coding of `new_bits` given `old_bits` (same shape, 16-bit patterns).
 
     `positions` / `values` force one codec (tests and benchmarks compare them); otherwise every
-    codec that can win is tried and the smallest kept.
+    codec that can win is tried and the smallest kept. `changes`, when the caller already has
+    them (`find_changes`), saves the comparison pass; `old_bits` is then not read (only its shape
+    is checked), so it may already hold the new values (see `find_changes(advance=True)`).
     """
     if positions is not None and positions not in POSITION_CODECS[1:]:
         raise ValueError(f"positions must be one of {POSITION_CODECS[1:]}, got {positions!r}")
     if values is not None and values not in VALUE_CODECS:
         raise ValueError(f"values must be one of {VALUE_CODECS}, got {values!r}")
-    force_raw = overwrite_only or values == "raw"
     old = as_flat_bits(old_bits)
     new = as_flat_bits(new_bits)
     if old.shape != new.shape:
         raise ValueError(f"shape mismatch: {old.shape} vs {new.shape}")
     numel = int(new.size)
-    changed = old != new
-    positions_ = np.flatnonzero(changed)
-    count = int(positions_.size)
+    if changes is None:
+        changes = find_changes(old, new)
+    count = changes.count
     if count == 0:
         return EncodedDelta(numel=numel, count=0)
 
     def wanted(codec: str) -> bool:
         return positions is None or positions == codec
 
-    def value_options(old_v: np.ndarray, new_v: np.ndarray) -> list[tuple[str, int, bytes]]:
-        return [v for v in _encode_values(old_v, new_v, force_raw, values == "ulp") if values in (None, v[0])]
+    def value_options(old_v: np.ndarray, new_v: np.ndarray, bias: int) -> list:
+        return _encode_values(old_v, new_v, values, overwrite_only, bias)
 
     # Candidates in order of decoding cost; on equal size the first (cheapest to decode) wins.
     candidates: list[EncodedDelta] = []
     # A quarter or more changed: carrying every element may be cheapest.
     if wanted("dense") and (count * 4 >= numel or positions == "dense"):
-        for value in value_options(old, new):
+        base = new.copy()  # the old values: new ones where nothing changed
+        base[changes.positions] = changes.old
+        for value in value_options(base, new, 0):
             candidates.append(_pack(numel, count, "dense", 0, [], value))
-    sparse_values = value_options(old[positions_], new[positions_])
-    gaps = np.diff(positions_, prepend=-1) - 1
-    k = best_rice_k(gaps)
-    rice_bytes = (rice_cost_bits(gaps, k) + 7) // 8
-    mask_bytes = (numel + 7) // 8
-    if wanted("bitmask") and ((count < numel and mask_bytes < 2 * rice_bytes) or positions == "bitmask"):
-        mask = np.packbits(changed).tobytes()
+    sparse_values = value_options(changes.old, changes.new, 1)
+    # Position codings, from a size estimate first: Elias-Fano is cheapest both ways, so Rice (a
+    # pass over the gaps) is computed only when forced or when it should be clearly smaller.
+    gap_sum = int(changes.positions[-1]) + 1 - count
+    low_bits = best_ef_bits(count, numel)
+    ef_bits = ef_cost_bits(count, numel, low_bits)
+    rice_bits = estimate_rice_bits(count, gap_sum)
+    sparse = count < numel
+    if wanted("bitmask") and ((sparse and numel <= 1.05 * min(ef_bits, rice_bits)) or positions == "bitmask"):
+        mask = np.zeros(numel, dtype=np.bool_)
+        mask[changes.positions] = True
         for value in sparse_values:
-            candidates.append(_pack(numel, count, "bitmask", 0, [mask], value))
-    if wanted("rice") and (count < numel or positions == "rice"):
+            candidates.append(_pack(numel, count, "bitmask", 0, [(np.packbits(mask).tobytes(), True)], value))
+    if positions == "rice" or (positions is None and sparse and rice_bits < _RICE_OVER_EF * ef_bits):
+        gaps = _gaps(changes.positions)
+        k = best_rice_k(gaps)
+        unary, low = rice_pack(gaps, k)
         for value in sparse_values:
-            candidates.append(_pack(numel, count, "rice", k, list(rice_encode(positions_, k)), value))
+            candidates.append(_pack(numel, count, "rice", k, [(unary, False), (low, False)], value))
+    elif positions == "ef" or (positions is None and sparse):
+        upper, lower = ef_pack(changes.positions, low_bits)
+        for value in sparse_values:
+            candidates.append(_pack(numel, count, "ef", low_bits, [(upper, False), (lower, False)], value))
     return min(candidates, key=lambda c: c.nbytes)
+
+
+def _stream(enc: EncodedDelta, index: int) -> bytes:
+    return _unzip(enc.streams[index], enc.zipped[index], enc.raw_lengths[index])
 
 
 def decode_positions(enc: EncodedDelta) -> np.ndarray:
@@ -362,11 +694,12 @@ def decode_positions(enc: EncodedDelta) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     if enc.positions == "dense":
         return np.arange(enc.numel, dtype=np.int64)
-    streams = [_unzip(s, z, n) for s, z, n in zip(enc.streams, enc.zipped, enc.raw_lengths, strict=True)]
-    if enc.positions == "rice":
-        positions = rice_decode(streams[0], streams[1], enc.count, enc.rice_k)
+    if enc.positions == "ef":
+        positions = ef_unpack(_stream(enc, 0), _stream(enc, 1), enc.count, enc.rice_k)
+    elif enc.positions == "rice":
+        positions = rice_decode(_stream(enc, 0), _stream(enc, 1), enc.count, enc.rice_k)
     elif enc.positions == "bitmask":
-        mask = np.frombuffer(streams[0], dtype=np.uint8)
+        mask = np.frombuffer(_stream(enc, 0), dtype=np.uint8)
         if mask.size * 8 < enc.numel:
             raise DeltaFormatError(f"bitmask has {mask.size} bytes for {enc.numel} elements")
         positions = np.flatnonzero(np.unpackbits(mask, count=enc.numel))
@@ -380,16 +713,21 @@ def decode_positions(enc: EncodedDelta) -> np.ndarray:
 def decode_values(enc: EncodedDelta, old_at_positions: np.ndarray | None) -> np.ndarray:
     """New uint16 bit patterns for the positions `decode_positions` returns.
 
-    `old_at_positions` (the base version's bits there) is needed for ``ulp`` coding only.
+    `old_at_positions` (the base version's bits there) is needed for ``ulp`` / ``ulpr`` only.
     """
     if enc.positions == "none":
         return np.zeros(0, dtype=np.uint16)
     count = enc.numel if enc.positions == "dense" else enc.count
-    stream = _unzip(enc.streams[-1], enc.zipped[-1], enc.raw_lengths[-1])
+    first = _POSITION_STREAMS[enc.positions]
+    streams = [_stream(enc, i) for i in range(first, len(enc.streams))]
     old = None if old_at_positions is None else as_flat_bits(old_at_positions)
     if old is not None and old.size != count:
         raise ValueError(f"{old.size} old values given for {count} positions")
-    return _decode_values(enc, stream, old, count)
+    return _decode_values(enc, streams, old, count)
+
+
+def needs_old_values(enc: EncodedDelta) -> bool:
+    return enc.values != "raw"
 
 
 def decode_delta(enc: EncodedDelta, old_bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -398,8 +736,7 @@ def decode_delta(enc: EncodedDelta, old_bits: np.ndarray) -> tuple[np.ndarray, n
     if old.size != enc.numel:
         raise ValueError(f"delta is for {enc.numel} elements, tensor has {old.size}")
     positions = decode_positions(enc)
-    needs_old = enc.values == "ulp"
-    return positions, decode_values(enc, old[positions] if needs_old else None)
+    return positions, decode_values(enc, old[positions] if needs_old_values(enc) else None)
 
 
 def apply_delta_bits(bits: np.ndarray, enc: EncodedDelta) -> None:

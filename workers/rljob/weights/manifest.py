@@ -10,7 +10,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MANIFEST_FORMAT = 1
+# 2: deltas carry `change_sum` and SHA-256 only over a rotating `check_range` (format 1: whole
+# tensors, every version). A reader of format 2 reads format 1 manifests too.
+MANIFEST_FORMAT = 2
 
 
 class ChunkRef(BaseModel):
@@ -26,7 +28,17 @@ class TensorEntry(BaseModel):
 
     name: str
     shape: list[int]
-    checksum: str = Field(description="SHA-256 prefix of the tensor's bf16 bytes after this version.")
+    checksum: str = Field(
+        "",
+        description="SHA-256 prefix of the tensor's bf16 bytes in `check_range` after this version; "
+        "empty when this version does not check the tensor by SHA-256.",
+    )
+    check_range: list[int] | None = Field(
+        None, description="[start, stop) of the flat elements `checksum` covers; None: all of them."
+    )
+    change_sum: str | None = Field(
+        None, description="Delta only: hex `checksum.change_sum` of the changed values (old -> new)."
+    )
     offset: int = Field(0, ge=0, description="Delta only: where this tensor's encoded bytes start.")
     length: int = Field(0, ge=0, description="Delta only: how many encoded bytes it has.")
     changed: int = Field(0, ge=0, description="Values that differ from the base version.")

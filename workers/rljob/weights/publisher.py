@@ -9,6 +9,13 @@ Restarts: the publisher rebuilds its baseline by reading the latest committed ve
 Redis (`resume`, run automatically before the first publish and after any failed one). That is
 always right, whatever checkpoint the trainer restarted from: the next delta is computed against
 what readers actually hold, and versions continue at latest + 1.
+
+Cost of a delta: one pass over the model (fp32 -> bf16 cast, fused per tensor into one reused
+buffer, and a word-wise compare with the baseline; a CPU bf16 input is compared in place), then
+work in proportion to the changed values only: encoding, the change sum, and updating the
+baseline in place. SHA-256 covers 1/`check_versions` of the model per delta (a window that rotates
+with the version number), so every value is checked end to end at least every `check_versions`
+versions, at a fixed small cost per version.
 """
 
 from __future__ import annotations
@@ -28,13 +35,16 @@ from rljob.config import WeightSyncSpec
 from rljob.keys import JobKeys
 from rljob.weights import store
 from rljob.weights.apply import named_tensors
-from rljob.weights.checksum import bf16_bits, bits_checksum
-from rljob.weights.encoding import EncodedDelta, encode_delta
+from rljob.weights.checksum import bf16_bits, bits_checksum, change_sum, format_sum
+from rljob.weights.encoding import BlockSource, EncodedDelta, encode_delta, find_changes
 from rljob.weights.manifest import Manifest, TensorEntry
 from rljob.weights.reader import WeightReader
 from rljob.weights.store import VersionConflictError, WeightStoreError
 
 log = logging.getLogger(__name__)
+
+# fp32 values cast to bf16 per block (the block's bf16 copy stays in cache for the compare).
+_CAST_BLOCK = 1 << 18
 
 
 @dataclass
@@ -51,6 +61,14 @@ class PublishResult:
     reason: str = ""  # why a full was written
 
 
+def _owned_bits(tensor: torch.Tensor) -> np.ndarray:
+    """bf16 patterns in memory the publisher owns (`bf16_bits` is a view of a CPU bf16 tensor)."""
+    flat = bf16_bits(tensor)
+    if tensor.dtype == torch.bfloat16 and tensor.device.type == "cpu":
+        flat = flat.copy()
+    return flat
+
+
 class WeightPublisher:
     def __init__(
         self,
@@ -62,9 +80,12 @@ class WeightPublisher:
         chunk_bytes: int,
         mode: Literal["delta", "full"] = "delta",
         overwrite_only: bool = False,
+        check_versions: int = 16,
     ) -> None:
-        if rebase_interval < 1 or rebase_fraction <= 0 or chunk_bytes < 1:
-            raise ValueError("rebase_interval >= 1, rebase_fraction > 0 and chunk_bytes >= 1 are required")
+        if rebase_interval < 1 or rebase_fraction <= 0 or chunk_bytes < 1 or check_versions < 1:
+            raise ValueError(
+                "rebase_interval >= 1, rebase_fraction > 0, chunk_bytes >= 1 and check_versions >= 1 are required"
+            )
         if mode not in ("delta", "full"):
             raise ValueError(f"mode must be 'delta' or 'full', got {mode!r}")
         self.client = redis_client
@@ -74,8 +95,11 @@ class WeightPublisher:
         self.chunk_bytes = chunk_bytes
         self.mode = mode
         self.overwrite_only = overwrite_only
+        self.check_versions = check_versions
         self._resumed = False
+        # The bf16 patterns last published, owned here and advanced in place by each delta.
         self._baseline: dict[str, np.ndarray] | None = None
+        self._scratch = np.empty(0, dtype=np.uint16)  # reused cast buffer (largest tensor)
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._last: Manifest | None = None
 
@@ -132,46 +156,46 @@ class WeightPublisher:
         """Publish the given weights (fp32 rounded to nearest bf16, or bf16) as the next version."""
         if not self._resumed:
             self.resume()
-        try:
-            return self._publish(named_params, version)
-        except (redis.RedisError, OSError):
-            # The commit may or may not have landed: re-read Redis before the next publish.
-            self._resumed = False
-            raise
-
-    def _publish(
-        self, named_params: Mapping[str, torch.Tensor] | torch.nn.Module, version: int | None
-    ) -> PublishResult:
         latest = self.latest_version
         if version is None:
             version = 0 if latest is None else latest + 1
         elif latest is not None and version <= latest:
             raise VersionConflictError(f"version {version} is not newer than the published {latest}")
+        try:
+            return self._publish(named_params, version)
+        except BaseException:
+            # The baseline may be advanced past what Redis holds, or the commit may or may not have
+            # landed: re-read Redis before the next publish.
+            self._resumed = False
+            raise
+
+    def _publish(self, named_params: Mapping[str, torch.Tensor] | torch.nn.Module, version: int) -> PublishResult:
         tensors = named_tensors(named_params)
-        bits, shapes = {}, {}
-        for name, tensor in tensors.items():
-            flat = bf16_bits(tensor)
-            if tensor.dtype == torch.bfloat16 and tensor.device.type == "cpu":
-                flat = flat.copy()  # a view of the trainer's tensor otherwise
-            bits[name], shapes[name] = flat, tuple(tensor.shape)
+        shapes = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
         started = time.perf_counter()
         reason = self._full_reason(shapes)
         deltas: dict[str, EncodedDelta] = {}
+        sums: dict[str, int] = {}
         if not reason:
-            assert self._baseline is not None
-            deltas = {
-                name: encode_delta(self._baseline[name], bits[name], overwrite_only=self.overwrite_only)
-                for name in bits
-            }
+            deltas, sums = self._encode_and_advance(tensors)  # the baseline now holds this version
             delta_bytes = sum(d.nbytes for d in deltas.values())
             assert self._last is not None
             chain_bytes = (self._last.chain_bytes if self._last.kind == "delta" else 0) + delta_bytes
             if chain_bytes > self.rebase_fraction * self._last.full_bytes:
                 reason = f"delta chain {chain_bytes} B > {self.rebase_fraction} x full {self._last.full_bytes} B"
         if reason:
-            payload, manifest = self._full_manifest(version, bits, shapes)
+            if deltas:
+                assert self._baseline is not None
+                bits, changed = self._baseline, sum(d.count for d in deltas.values())
+            else:
+                bits = {name: _owned_bits(tensor) for name, tensor in tensors.items()}
+                changed = 0
+                if self._baseline is not None and shapes == self._shapes:
+                    changed = sum(int(np.count_nonzero(self._baseline[n] != bits[n])) for n in bits)
+            payload, manifest = self._full_manifest(version, bits, shapes, changed)
         else:
-            payload, manifest = self._delta_manifest(version, bits, shapes, deltas)
+            payload, manifest = self._delta_manifest(version, shapes, deltas, sums)
+            bits = self._baseline
         encode_seconds = time.perf_counter() - started
 
         started = time.perf_counter()
@@ -199,6 +223,63 @@ class WeightPublisher:
             reason=reason,
         )
 
+    def _new_bits(self, tensor: torch.Tensor) -> np.ndarray | BlockSource:
+        """The tensor's bf16 patterns, flat: a view of a CPU bf16 tensor; for a CPU fp32 tensor a
+        function that casts one block at a time into a small reused buffer (round to nearest even,
+        as `bf16_bits`), so the cast output never leaves the cache; otherwise a whole-tensor cast
+        into a reused buffer (valid until the next call)."""
+        t = tensor.detach()
+        if t.device.type == "cpu" and t.is_contiguous():
+            flat = t.reshape(-1)
+            if t.dtype == torch.bfloat16:
+                return flat.view(torch.int16).numpy().view(np.uint16)
+            if t.dtype == torch.float32:
+                block = self._scratch_of(min(flat.numel(), _CAST_BLOCK))
+                block_bf16 = torch.from_numpy(block.view(np.int16)).view(torch.bfloat16)
+
+                def cast(start: int, stop: int) -> np.ndarray:
+                    block_bf16[: stop - start].copy_(flat[start:stop])
+                    return block[: stop - start]
+
+                return cast
+        out = self._scratch_of(t.numel())
+        torch.from_numpy(out.view(np.int16)).view(torch.bfloat16).view(t.shape).copy_(t)
+        return out
+
+    def _scratch_of(self, n: int) -> np.ndarray:
+        if self._scratch.size < n:
+            self._scratch = np.empty(n, dtype=np.uint16)
+        return self._scratch[:n]
+
+    def _encode_and_advance(self, tensors: dict[str, torch.Tensor]) -> tuple[dict[str, EncodedDelta], dict[str, int]]:
+        """Per tensor: find and encode the changes against the baseline, writing them into it."""
+        assert self._baseline is not None
+        deltas: dict[str, EncodedDelta] = {}
+        sums: dict[str, int] = {}
+        for name, tensor in tensors.items():
+            base = self._baseline[name]
+            changes = find_changes(base, self._new_bits(tensor), advance=True)
+            # The baseline now holds the new values: it stands in for them (the old ones are in
+            # `changes`, which is all the encoder reads when given them).
+            deltas[name] = encode_delta(base, base, changes=changes, overwrite_only=self.overwrite_only)
+            if changes.count:
+                sums[name] = change_sum(changes.positions, changes.old, changes.new)
+        return deltas, sums
+
+    def _check_windows(self, version: int, sizes: dict[str, int]) -> dict[str, tuple[int, int]]:
+        """Element range of each tensor this version checks by SHA-256: window `version % K` of K
+        equal slices of the model laid end to end."""
+        total = sum(sizes.values())
+        window = version % self.check_versions
+        low, high = window * total // self.check_versions, (window + 1) * total // self.check_versions
+        ranges, offset = {}, 0
+        for name, size in sizes.items():
+            start, stop = max(low, offset), min(high, offset + size)
+            if start < stop:
+                ranges[name] = (start - offset, stop - offset)
+            offset += size
+        return ranges
+
     def _full_reason(self, shapes: dict[str, tuple[int, ...]]) -> str:
         if self.mode == "full":
             return "mode is full"
@@ -214,16 +295,13 @@ class WeightPublisher:
         return ""
 
     def _full_manifest(
-        self, version: int, bits: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]]
+        self, version: int, bits: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]], changed: int
     ) -> tuple[bytes, Manifest]:
         as_bf16 = {
             name: torch.from_numpy(flat.view(np.int16)).view(torch.bfloat16).reshape(shapes[name])
             for name, flat in bits.items()
         }
         payload = safetensors.torch.save(as_bf16)
-        changed = 0
-        if self._baseline is not None and shapes == self._shapes:
-            changed = sum(int(np.count_nonzero(self._baseline[n] != bits[n])) for n in bits)
         entries = [
             TensorEntry(name=name, shape=list(shapes[name]), checksum=bits_checksum(flat))
             for name, flat in bits.items()
@@ -246,20 +324,23 @@ class WeightPublisher:
     def _delta_manifest(
         self,
         version: int,
-        bits: dict[str, np.ndarray],
         shapes: dict[str, tuple[int, ...]],
         deltas: dict[str, EncodedDelta],
+        sums: dict[str, int],
     ) -> tuple[bytes, Manifest]:
-        assert self._last is not None
-        previous = {entry.name: entry.checksum for entry in self._last.tensors}
+        assert self._last is not None and self._baseline is not None
+        windows = self._check_windows(version, {name: enc.numel for name, enc in deltas.items()})
         entries, parts, offset = [], [], 0
         for name, enc in deltas.items():
             blob = enc.payload()
+            window = windows.get(name)
             entries.append(
                 TensorEntry(
                     name=name,
                     shape=list(shapes[name]),
-                    checksum=bits_checksum(bits[name]) if enc.count else previous[name],
+                    checksum=bits_checksum(self._baseline[name][window[0] : window[1]]) if window else "",
+                    check_range=list(window) if window else None,
+                    change_sum=format_sum(sums[name]) if enc.count else None,
                     offset=offset,
                     length=len(blob),
                     changed=enc.count,
@@ -279,7 +360,7 @@ class WeightPublisher:
             chain_bytes=previous_chain + len(payload),
             full_bytes=self._last.full_bytes,
             payload_bytes=len(payload),
-            numel=sum(int(flat.size) for flat in bits.values()),
+            numel=sum(enc.numel for enc in deltas.values()),
             changed=sum(enc.count for enc in deltas.values()),
             created_at=time.time(),
             chunks=[],

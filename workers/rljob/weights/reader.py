@@ -3,8 +3,12 @@
 A reader remembers which version its target holds. `sync` fetches only the versions after it
 (the deltas), or the newest full export when the reader is new, too far behind (the deltas it
 lacks outweigh a full), or its deltas were dropped by retention. Every chunk is CRC-checked before
-anything is applied and every touched tensor is checksummed after; on any such failure the reader
-forgets its version and refetches, taking the newest full. One reader serves one target.
+anything is applied. After a full, every tensor is checked by SHA-256. A delta is decoded straight
+into the target's memory, touching only the changed values, and checked by its change sum (which
+also fails when the target did not hold the base version where the delta touches it) and by
+SHA-256 over the manifest's rotating window (drift elsewhere is caught within `check_versions`
+versions). On any failure the reader forgets its version and refetches, taking the newest full.
+One reader serves one target.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 from rljob.keys import JobKeys
 from rljob.weights import store
 from rljob.weights.apply import apply_delta, ensure_target, named_tensors, write_full
-from rljob.weights.checksum import tensor_checksum
+from rljob.weights.checksum import format_sum, tensor_checksum
 from rljob.weights.encoding import DeltaFormatError, EncodedDelta
 from rljob.weights.manifest import Manifest
 from rljob.weights.store import (
@@ -234,9 +238,15 @@ class WeightReader:
             if entry.name not in tensors:
                 raise WeightLayoutError(f"weight version {manifest.version} updates {entry.name}, absent here")
             enc = EncodedDelta.from_meta(entry.encoding, view[entry.offset : entry.offset + entry.length])
-            apply_delta(tensors[entry.name], enc)
+            actual = format_sum(apply_delta(tensors[entry.name], enc))
+            if entry.change_sum is not None and actual != entry.change_sum:
+                raise ChecksumMismatchError(
+                    f"weight version {manifest.version}: {entry.name} changed by sum {actual}, manifest says "
+                    f"{entry.change_sum} (the target was not at version {manifest.base_version}, or the delta "
+                    "decoded wrongly)"
+                )
             touched.append(entry.name)
-        self._verify(tensors, manifest, touched)
+        self._verify(tensors, manifest, [entry.name for entry in manifest.tensors if entry.checksum])
         return touched
 
     @staticmethod
@@ -246,10 +256,17 @@ class WeightReader:
 
     @staticmethod
     def _verify(tensors: dict[str, torch.Tensor], manifest: Manifest, names: list[str]) -> None:
-        expected = {entry.name: entry.checksum for entry in manifest.tensors}
+        """SHA-256 of each named tensor (over its `check_range`, or whole) against the manifest."""
+        entries = {entry.name: entry for entry in manifest.tensors}
         for name in names:
-            actual = tensor_checksum(tensors[name])
-            if actual != expected[name]:
+            entry = entries[name]
+            if name not in tensors:
+                raise WeightLayoutError(f"weight version {manifest.version} checks {name}, absent here")
+            start, stop = entry.check_range if entry.check_range is not None else (0, None)
+            actual = tensor_checksum(tensors[name], start, stop)
+            if actual != entry.checksum:
+                where = "" if entry.check_range is None else f"[{start}:{stop}] "
                 raise ChecksumMismatchError(
-                    f"weight version {manifest.version}: {name} has checksum {actual}, manifest says {expected[name]}"
+                    f"weight version {manifest.version}: {name} {where}has checksum {actual}, "
+                    f"manifest says {entry.checksum}"
                 )
