@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+
 from rljob.embedded_redis import EmbeddedRedis, RedisNotInstalled
 
 

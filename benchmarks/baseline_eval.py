@@ -90,7 +90,8 @@ def main() -> None:
     seconds = time.perf_counter() - started
     protocol, no_search = _metrics(groups), _metrics(direct_groups)
     summary = {
-        "benchmark": "baseline", "quick": args.quick, "model": "SmolLM2-135M-Instruct", "device": "cpu",
+        "benchmark": "baseline", "quick": args.quick, "model": "SmolLM2-135M-Instruct",
+        "device": "cpu",
         "threads": args.threads, "seconds": seconds, "agent": spec.model_dump(),
         "search_protocol": protocol, "direct_answer": no_search,
     }  # fmt: skip

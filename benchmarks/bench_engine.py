@@ -67,7 +67,8 @@ def main() -> None:
     fresh_s, fresh_tokens, _ = _timed(engine, second, tokens)  # the same contexts, prefilled whole
     progress(f"turn 2 fresh prefill: {fresh_tokens / fresh_s:.1f} tok/s; reuse: {reuse_tokens / reuse_s:.1f} tok/s")
     summary = {
-        "benchmark": "engine_hf", "quick": args.quick, "model": "SmolLM2-135M-Instruct", "device": "cpu", "threads": args.threads,
+        "benchmark": "engine_hf", "quick": args.quick, "model": "SmolLM2-135M-Instruct", "device": "cpu",
+        "threads": args.threads,
         "batch": batch, "new_tokens": tokens, "prompt_tokens_mean": sum(map(len, contexts)) / batch,
         "sequential_tokens_per_s": sequential_tokens / sequential_s,
         "batched_tokens_per_s": batched_tokens / batched_s,

@@ -7,6 +7,7 @@ import time
 import uuid
 
 import pytest
+
 from localcluster import KUBE_VERSION
 
 

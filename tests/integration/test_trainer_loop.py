@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import redis
+
 from rljob.assets import hotpotqa_dir
 from rljob.config import RLJob
 from rljob.keys import TRAINER_GROUP, JobKeys

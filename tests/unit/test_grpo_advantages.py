@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from rljob.trainer.advantages import batch_advantages, group_advantages, is_degenerate
 
 

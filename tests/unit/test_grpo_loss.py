@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from rljob.trainer.loss import aggregate, grpo_token_terms, k3_kl, token_entropy, token_logprobs
 
 E = math.exp

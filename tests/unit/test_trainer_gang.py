@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from rljob.trainer.toy import run_toy_training
 
 SPEC = '{"micro_batch_size": 3, "questions_per_step": 3}'

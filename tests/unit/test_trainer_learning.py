@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from rljob.config import GRPOSpec
 from rljob.trainer.grpo import GRPOTrainer
 from rljob.trainer.model import tiny_causal_lm

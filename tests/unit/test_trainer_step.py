@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from rljob.config import GRPOSpec
 from rljob.protocol import TrajectoryGroup
 from rljob.trainer.grpo import GRPOTrainer

@@ -28,8 +28,10 @@ def summarise_eval(groups: Sequence[TrajectoryGroup]) -> dict[str, float | int]:
 
 def eval_requests(questions: Sequence[Any], tag: str = "eval") -> list[PromptRequest]:
     return [
-        PromptRequest(request_id=f"{tag}-{i}-{q.id}", step=-1, question_id=q.id, question=q.question,
-                      answers=list(q.answers), group_size=1, greedy=True)  # fmt: skip
+        PromptRequest(
+            request_id=f"{tag}-{i}-{q.id}", step=-1, question_id=q.id, question=q.question,
+            answers=list(q.answers), group_size=1, greedy=True,
+        )
         for i, q in enumerate(questions)
     ]
 
@@ -61,8 +63,7 @@ def load_checkpoint_weights(path: str | Path) -> dict[str, Any]:
         if found is None:
             raise FileNotFoundError(f"no trainer checkpoint in {path}")
         chosen = found
-    state = load_checkpoint(chosen).trainer
-    return state["model"] if "model" in state else state
+    return load_checkpoint(chosen).trainer["model"]
 
 
 def evaluate_cli(args: argparse.Namespace) -> int:
