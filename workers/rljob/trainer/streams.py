@@ -103,12 +103,16 @@ class TrajectoryCollector:
     ) -> tuple[list[TrajectoryGroup], list[str]]:
         """Block until every request of `step` has a group; returns them in request order, plus
         the stream entry ids to acknowledge once the step is published."""
-        started = time.monotonic()
+        started = last_report = time.monotonic()
         wanted = list(request_ids)
         while True:
             missing = [r for r in wanted if r not in self.buffer]
             if not missing:
                 break
+            if time.monotonic() - last_report >= 15:
+                last_report = time.monotonic()
+                log.info("step %d: %d/%d trajectory groups in (%.0fs)", step, len(wanted) - len(missing),
+                         len(wanted), last_report - started)  # fmt: skip
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 raise TimeoutError(f"step {step}: {len(missing)} of {len(wanted)} trajectory groups missing")
             for entry_id, fields in self._read():
