@@ -65,7 +65,9 @@ def _default_device(job: RLJob) -> str:
 
 def _sync(engine: Any, reader: Any, summary: WorkerSummary) -> None:
     latest = reader.latest_version()
-    if latest is not None and latest != engine.policy_version:
+    # reader.version is None until a first sync: version 0 may differ from the weights loaded at
+    # start (a supervised warm-up runs before it is published), so it is applied like any other.
+    if latest is not None and (latest != engine.policy_version or reader.version is None):
         outcome = engine.sync_weights(reader)
         log.info("weights at version %d (%d tensors, %d bytes)", outcome.version, len(outcome.changed),
                  outcome.bytes_fetched)  # fmt: skip
@@ -74,6 +76,7 @@ def _sync(engine: Any, reader: Any, summary: WorkerSummary) -> None:
 
 def _wait_for_weights(engine: Any, reader: Any, need: int, stop: threading.Event, summary: WorkerSummary) -> bool:
     """Sync until the engine holds at least version `need`; False if told to stop first."""
+    _sync(engine, reader, summary)  # a version published since the loop's last check (version 0 included)
     while engine.policy_version < need:
         if stop.is_set():
             return False

@@ -283,7 +283,9 @@ def warm_up(
     """Supervised protocol warm-up on rank 0, before version 0 is published; a fresh job only.
 
     Every rank then receives rank 0's weights, and a KL reference becomes the warmed-up policy.
+    The other ranks wait on the long-timeout control group: a warm-up outlasts the collective timeout.
     """
+    done = None
     if gang.is_main:
         from rljob.warmup import warmup_for_job
 
@@ -292,6 +294,8 @@ def warm_up(
                  result.steps, result.first_loss, result.last_loss, result.seconds)  # fmt: skip
         if writer is not None:
             writer.write_eval("warmup", result.as_dict())
+        done = result.steps
+    broadcast_object(gang, done)
     broadcast_parameters(gang, trainer.model)
     if trainer.ref_model is not None:
         trainer.ref_model.load_state_dict(trainer.model.state_dict())

@@ -1,0 +1,29 @@
+"""A rollout worker applies version 0 even though it already loaded the model: with a warm-up,
+version 0 is not the checkpoint the worker read from disk (real redis-server and weight store)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rljob.config import WeightSyncSpec
+from rljob.engines.hf import HFEngine
+from rljob.engines.models import tiny_random_model, train_tiny_tokenizer
+from rljob.keys import JobKeys
+from rljob.rollout.worker import WorkerSummary, _sync
+from rljob.weights import WeightPublisher, WeightReader
+
+pytestmark = pytest.mark.integration
+
+
+def test_worker_applies_a_version_0_that_differs_from_its_loaded_weights(redis_client):
+    tokenizer = train_tiny_tokenizer(["<search> a b c </search> <answer> d </answer>"] * 4, 300)
+    served = tiny_random_model(tokenizer, seed=0)
+    warmed = tiny_random_model(tokenizer, seed=1)  # stands in for the warmed-up trainer policy
+    keys = JobKeys("test", "warm")
+    WeightPublisher.from_spec(redis_client, keys, WeightSyncSpec(chunk_bytes=65536)).publish(warmed)
+    engine = HFEngine(served, tokenizer)
+    assert engine.policy_version == 0  # a fresh engine calls its own weights version 0
+    _sync(engine, WeightReader(redis_client, keys), WorkerSummary("w"))
+    for name, value in warmed.state_dict().items():
+        assert torch.equal(engine.model.state_dict()[name], value.to(torch.bfloat16).float()), name

@@ -1,0 +1,170 @@
+"""Protocol demonstrations and the supervised warm-up, on real HotpotQA train records, the real
+BM25 retriever and prompt code, and a tiny random model with a tokenizer trained on the fly."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from rljob.agent.prompt import information_block, prompt_ids
+from rljob.assets import hotpotqa_dir
+from rljob.config import AgentSpec, RLJob, RLJobSpec, WarmupSpec
+from rljob.data.hotpotqa import build_corpus, parse_question
+from rljob.engines.models import save_tiny_model, tiny_random_model, train_tiny_tokenizer
+from rljob.retrieval import Retriever
+from rljob.trainer.batch import collate
+from rljob.trainer.loss import token_logprobs
+from rljob.warmup import build_demonstrations, load_records, run_sft, warmup_for_job
+from rljob.warmup.demonstrations import demonstration_for, supporting_titles
+from rljob.warmup.sft import as_sample, masked_nll
+
+SPEC = AgentSpec(max_turns=3, top_k=2, max_new_tokens_per_turn=256, max_total_tokens=4096, passage_max_words=30)
+SHORT = SPEC.model_copy(update={"top_k": 1, "passage_max_words": 8})  # short sequences for the training tests
+
+
+@pytest.fixture(scope="module")
+def setup():
+    records = list(load_records(hotpotqa_dir() / "train.jsonl", limit=40))
+    questions = [parse_question(r) for r in records]
+    retriever = Retriever(build_corpus(questions))
+    texts = [q.question + " " + " ".join(p.text for p in q.context) for q in questions]
+    tokenizer = train_tiny_tokenizer([*texts, "<think> </think> <search> </search> <answer> </answer>"], 600)
+    return records, retriever, tokenizer
+
+
+def _spans(demo) -> list[tuple[int, list[int]]]:
+    """(mask value, ids) runs of a demonstration."""
+    out, pos = [], 0
+    for value, run in itertools.groupby(demo.loss_mask):
+        n = len(list(run))
+        out.append((value, demo.token_ids[pos : pos + n]))
+        pos += n
+    return out
+
+
+def test_demonstration_is_prompt_search_information_answer_with_rl_mask(setup):
+    records, retriever, tokenizer = setup
+    demos, read = build_demonstrations(records, tokenizer, retriever, SPEC, limit=8)
+    assert 0 < len(demos) <= 8 and read >= len(demos)
+    demo = demos[0]
+    record = next(r for r in records if str(r["_id"]) == demo.question_id)
+    question = parse_question(record)
+    prompt = prompt_ids(tokenizer, question.question)
+    assert demo.token_ids[: len(prompt)] == prompt and not any(demo.loss_mask[: len(prompt)])
+    spans = _spans(demo)
+    # prompt, then alternating written turns and injected information blocks, ending with a written answer.
+    assert [v for v, _ in spans] == [0] + [1, 0] * len(demo.searches) + [1]
+    assert demo.searches[0] == question.question
+    for k, query in enumerate(demo.searches):
+        written = tokenizer.decode(spans[1 + 2 * k][1])
+        assert written.endswith(f"<search> {query} </search>")
+        injected = spans[2 + 2 * k][1]
+        assert injected == tokenizer.encode(
+            information_block(retriever.search(query, SPEC.top_k), SPEC.passage_max_words), add_special_tokens=False
+        )
+    assert tokenizer.decode(spans[-1][1]).endswith(f"<answer> {question.answers[0]} </answer>")
+
+
+def test_second_search_looks_up_a_missing_supporting_title(setup):
+    records, retriever, tokenizer = setup
+    one_hit = SPEC.model_copy(update={"top_k": 1})
+    two = [d for d in build_demonstrations(records, tokenizer, retriever, one_hit, limit=40)[0] if len(d.searches) == 2]
+    assert two, "with one passage per search some bridge questions need a second search"
+    for demo in two:
+        record = next(r for r in records if str(r["_id"]) == demo.question_id)
+        assert demo.searches[1] in supporting_titles(record)
+        first = {p.title for p in retriever.search(demo.searches[0], 1)}
+        assert demo.searches[1] not in first
+
+
+def test_unretrievable_answer_gives_no_demonstration(setup):
+    records, retriever, tokenizer = setup
+    record = dict(next(r for r in records if r["answer"] not in ("yes", "no")))
+    record["answer"] = "zzqx unfindable"
+    assert demonstration_for(record, tokenizer, retriever, SPEC) is None
+    tight = SPEC.model_copy(update={"max_new_tokens_per_turn": 8})  # the search turn cannot fit
+    assert demonstration_for(records[0], tokenizer, retriever, tight) is None
+
+
+def test_masked_nll_counts_only_written_tokens(setup):
+    records, retriever, tokenizer = setup
+    demos, _ = build_demonstrations(records, tokenizer, retriever, SHORT, limit=2)
+    model = tiny_random_model(tokenizer)
+    mb = collate([as_sample(d) for d in demos], tokenizer.pad_token_id)
+    nll, count = masked_nll(model, mb)
+    assert count == sum(sum(d.loss_mask[1:]) for d in demos)
+    manual = 0.0
+    for d in demos:
+        ids = torch.tensor([d.token_ids])
+        with torch.no_grad():
+            logp = token_logprobs(model(input_ids=ids).logits[:, :-1], ids[:, 1:])[0]
+        manual -= sum(float(logp[j]) for j in range(len(d.token_ids) - 1) if d.loss_mask[j + 1])
+    assert float(nll.detach()) == pytest.approx(manual, rel=1e-4)
+
+
+def test_sft_lowers_the_loss_and_changes_weights(setup):
+    records, retriever, tokenizer = setup
+    demos, _ = build_demonstrations(records, tokenizer, retriever, SHORT, limit=4)
+    model = tiny_random_model(tokenizer)
+    before = [p.detach().clone() for p in model.parameters()]
+    result = run_sft(model, demos, WarmupSpec(epochs=12, learning_rate=1e-2, batch_size=4),
+                     pad_token_id=tokenizer.pad_token_id, progress=False)  # fmt: skip
+    assert result.steps == 12 and result.examples == 4
+    assert result.last_loss < 0.8 * result.first_loss
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_warmup_is_off_by_default_and_configurable():
+    assert RLJobSpec().warmup.enabled is False
+    spec = RLJobSpec.model_validate({"warmup": {"enabled": True, "learningRate": 1e-4, "batchSize": 2}})
+    assert spec.warmup.enabled and spec.warmup.learning_rate == 1e-4 and spec.warmup.batch_size == 2
+    with pytest.raises(ValueError):
+        RLJobSpec.model_validate({"warmup": {"bogus": 1}})
+
+
+@pytest.fixture(scope="module")
+def tiny_job(tmp_path_factory) -> RLJob:
+    data = hotpotqa_dir()
+    texts = [q["question"] for q in load_records(data / "train.jsonl", limit=30)]
+    model_dir = save_tiny_model(tmp_path_factory.mktemp("warm") / "model", [*texts, "<think> </think> <search>"], 400)
+    return RLJob.model_validate({"spec": {
+        "model": {"name": str(model_dir)},
+        "data": {"trainPath": str(data / "train.jsonl"), "evalPath": str(data / "dev.jsonl"),
+                 "maxTrainQuestions": 30, "corpusFrom": "train"},
+        "agent": {"maxTurns": 3, "topK": 1, "maxNewTokensPerTurn": 256, "maxTotalTokens": 2048, "passageMaxWords": 12},
+        "grpo": {"klCoef": 0.1},
+        "warmup": {"enabled": True, "examples": 4, "batchSize": 2, "learningRate": 1e-3},
+    }})  # fmt: skip
+
+
+def test_warmup_for_job_uses_only_train_questions(tiny_job):
+    from rljob.engines.models import load_tokenizer
+    from rljob.retrieval.retriever import build_retriever_for_spec
+    from rljob.trainer.model import load_policy
+    from rljob.warmup.sft import job_demonstrations
+
+    retriever, _, _ = build_retriever_for_spec(tiny_job.spec.data)
+    demos, read = job_demonstrations(tiny_job, load_tokenizer(tiny_job.spec.model), retriever)
+    train_ids = {str(r["_id"]) for r in load_records(tiny_job.spec.data.train_path, limit=30)}
+    assert len(demos) == 4 and read <= 30 and {d.question_id for d in demos} <= train_ids
+    result = warmup_for_job(tiny_job, load_policy(tiny_job.spec.model), progress=False)
+    assert result.examples == 4 and result.steps == 2 and result.records_read == read
+
+
+def test_trainer_hook_warms_up_the_policy_and_its_kl_reference(tiny_job):
+    """What `_train` runs on a fresh job before publishing version 0."""
+    from rljob.trainer.distributed import Gang
+    from rljob.trainer.grpo import GRPOTrainer, frozen_copy
+    from rljob.trainer.loop import warm_up
+    from rljob.trainer.model import load_policy
+
+    model = load_policy(tiny_job.spec.model)
+    trainer = GRPOTrainer(model, frozen_copy(model), tiny_job.spec.grpo)
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    warm_up(tiny_job, Gang(), trainer, torch.device("cpu"), None, progress=False)
+    after = trainer.model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    ref = trainer.ref_model.state_dict()
+    assert all(torch.equal(ref[k], after[k]) for k in after)
