@@ -121,7 +121,9 @@ def test_two_workers_one_killed_mid_batch(redis_server, redis_client, tmp_path) 
                "--threads", "1"]  # fmt: skip
         return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"{worker_id}.log", "wb"))
 
-    victim, survivor = spawn("victim"), spawn("survivor")
+    # The victim starts alone so it surely holds work; the survivor joins before the kill.
+    victim = spawn("victim")
+    survivor = None
     try:
         deadline = time.monotonic() + 120
         held: list[str] = []
@@ -130,6 +132,7 @@ def test_two_workers_one_killed_mid_batch(redis_server, redis_client, tmp_path) 
             assert victim.poll() is None, (tmp_path / "victim.log").read_text()[-3000:]
             held = _pending(redis_client, keys.prompts, "victim") + _pending(redis_client, keys.eval_prompts, "victim")
             time.sleep(0.05)
+        survivor = spawn("survivor")
         victim.send_signal(signal.SIGKILL)  # mid-batch: it holds prompts it has not answered
         victim.wait(timeout=10)
         held_requests = {
@@ -150,7 +153,7 @@ def test_two_workers_one_killed_mid_batch(redis_server, redis_client, tmp_path) 
         assert survivor.wait(timeout=60) == 0
     finally:
         for proc in (victim, survivor):
-            if proc.poll() is None:
+            if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
     answered = _groups(redis_client, keys.trajectories) + _groups(redis_client, keys.eval_results)
