@@ -3,23 +3,11 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 
 import pytest
 
-from localcluster import KUBE_VERSION
-
-
-def wait_for(predicate, timeout: float = 60, interval: float = 0.5, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}; last value: {last!r}")
+from localcluster import KUBE_VERSION, wait_for
 
 
 @pytest.fixture

@@ -12,13 +12,14 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from localcluster import wait_for
 from rljob_operator.devrun import OperatorProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -40,17 +41,6 @@ CHILD_KINDS = (
     "workloads.scheduling.k8s.io",
     "podgroups.scheduling.k8s.io",
 )
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 60, interval: float = 0.5, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
 class Ops:

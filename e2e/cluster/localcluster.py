@@ -269,6 +269,18 @@ class LocalCluster:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def wait_for(predicate, timeout: float = 60, interval: float = 0.5, what: str = "condition"):
+    """Poll `predicate` until it returns something truthy (returned); fail the test on timeout."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
 def _port_open(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2):
