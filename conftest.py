@@ -28,3 +28,14 @@ def redis_client(redis_server: EmbeddedRedis):
     client = redis.Redis.from_url(redis_server.url)
     yield client
     client.close()
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models gain nothing from threads, and on a shared 2-core runner they oversubscribe."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

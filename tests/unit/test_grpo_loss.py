@@ -12,13 +12,7 @@ from rljob.trainer.loss import aggregate, grpo_token_terms, k3_kl, token_entropy
 E = math.exp
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny models gain nothing from threads, and on a shared 2-core runner they oversubscribe."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _case() -> dict[str, torch.Tensor]:

@@ -11,14 +11,7 @@ from rljob.trainer.grpo import GRPOTrainer
 from rljob.trainer.model import tiny_causal_lm
 from rljob.trainer.toy import sample_toy_groups
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny models gain nothing from threads, and on a shared 2-core runner they oversubscribe."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _spec(**kw) -> GRPOSpec:
