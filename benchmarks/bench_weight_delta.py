@@ -42,6 +42,7 @@ from rljob.keys import JobKeys
 from rljob.weights import EncodedDelta, WeightPublisher, WeightReader, apply_delta, store
 from rljob.weights.checksum import bf16_bits, format_sum
 from rljob.weights.encoding import encode_delta, from_ordered, to_ordered
+from rljob.weights.reader import verify_checksums
 
 DENSITIES = [0.001, 0.005, 0.01, 0.03, 0.10]
 PLAIN_BYTES_PER_CHANGE = 6  # int32 position + bf16 value
@@ -140,7 +141,7 @@ def decode_apply_seconds(
             assert format_sum(apply_delta(targets[entry.name], enc)) == entry.change_sum
     decode_seconds, decode_cpu = time.perf_counter() - started, time.thread_time() - cpu
     started = time.perf_counter()
-    WeightReader._verify(targets, manifest, [entry.name for entry in manifest.tensors if entry.checksum])
+    verify_checksums(targets, manifest, [entry.name for entry in manifest.tensors if entry.checksum])
     return decode_seconds, decode_cpu, time.perf_counter() - started
 
 

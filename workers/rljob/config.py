@@ -24,9 +24,7 @@ SHORT_NAMES = ["rlj"]
 class ApiModel(BaseModel):
     """Base: camelCase on the wire, unknown fields refused so typos fail loudly."""
 
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True
-    )
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True)
 
 
 def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
@@ -89,9 +87,7 @@ class AgentSpec(ApiModel):
     passage_max_words: int = Field(60, ge=8, le=1000, description="Passages are cut to this many words.")
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature for rollouts.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold for rollouts.")
-    format_reward: float = Field(
-        0.0, ge=0.0, le=1.0, description="Bonus for a well-formed answer tag (0 disables it)."
-    )
+    format_reward: float = Field(0.0, ge=0.0, le=1.0, description="Bonus for a well-formed answer tag (0 disables it).")
     search_reward: float = Field(0.0, ge=0.0, le=1.0, description="Bonus for making at least one search.")
     reward: Literal["em", "f1"] = Field("em", description="Main reward: exact match or token F1.")
 

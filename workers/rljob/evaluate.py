@@ -29,15 +29,21 @@ def summarise_eval(groups: Sequence[TrajectoryGroup]) -> dict[str, float | int]:
 def eval_requests(questions: Sequence[Any], tag: str = "eval") -> list[PromptRequest]:
     return [
         PromptRequest(
-            request_id=f"{tag}-{i}-{q.id}", step=-1, question_id=q.id, question=q.question,
-            answers=list(q.answers), group_size=1, greedy=True,
+            request_id=f"{tag}-{i}-{q.id}",
+            step=-1,
+            question_id=q.id,
+            question=q.question,
+            answers=list(q.answers),
+            group_size=1,
+            greedy=True,
         )
         for i, q in enumerate(questions)
     ]
 
 
-def evaluate_engine(engine: Any, retriever: Any, questions: Sequence[Any], agent_spec: Any,
-                    batch_size: int = 8, progress: bool = True) -> dict[str, float | int]:
+def evaluate_engine(
+    engine: Any, retriever: Any, questions: Sequence[Any], agent_spec: Any, batch_size: int = 8, progress: bool = True
+) -> dict[str, float | int]:
     """Greedy-evaluate `engine` on `questions`, printing a progress line per batch."""
     from rljob.agent.rollout import generate_groups
 
@@ -48,8 +54,12 @@ def evaluate_engine(engine: Any, retriever: Any, questions: Sequence[Any], agent
         groups += generate_groups(engine, retriever, requests[start : start + batch_size], agent_spec)
         if progress:
             running = summarise_eval(groups)
-            print(f"[eval] {len(groups)}/{len(requests)} questions  EM {running['exact_match']:.3f}  "
-                  f"F1 {running['f1']:.3f}  {time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
+            print(
+                f"[eval] {len(groups)}/{len(requests)} questions  EM {running['exact_match']:.3f}  "
+                f"F1 {running['f1']:.3f}  {time.perf_counter() - started:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
     return summarise_eval(groups)
 
 

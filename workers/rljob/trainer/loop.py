@@ -270,9 +270,7 @@ def _train(
         version = broadcast_object(gang, version)
 
         if ((step + 1) % grpo.checkpoint_interval == 0 or step + 1 == grpo.total_steps) and gang.is_main:
-            save_checkpoint(
-                checkpoint_dir, step=step + 1, policy_version=version, trainer_state=trainer.state_dict()
-            )
+            save_checkpoint(checkpoint_dir, step=step + 1, policy_version=version, trainer_state=trainer.state_dict())
     if bar is not None:
         bar.close()
 

@@ -82,7 +82,10 @@ def sample_toy_groups(
             )
         groups.append(
             TrajectoryGroup(
-                request_id=f"toy-{step}-{q}", step=step, question_id=f"toy-{q}", worker_id="toy",
+                request_id=f"toy-{step}-{q}",
+                step=step,
+                question_id=f"toy-{q}",
+                worker_id="toy",
                 trajectories=trajectories,
             )
         )

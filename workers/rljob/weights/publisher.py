@@ -21,6 +21,7 @@ versions, at a fixed small cost per version.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from rljob.weights.apply import named_tensors
 from rljob.weights.checksum import bf16_bits, bits_checksum, change_sum, format_sum
 from rljob.weights.encoding import BlockSource, EncodedDelta, encode_delta, find_changes
 from rljob.weights.manifest import Manifest, TensorEntry
+from rljob.weights.parallel import TensorPool
 from rljob.weights.reader import WeightReader
 from rljob.weights.store import VersionConflictError, WeightStoreError
 
@@ -81,6 +83,7 @@ class WeightPublisher:
         mode: Literal["delta", "full"] = "delta",
         overwrite_only: bool = False,
         check_versions: int = 16,
+        threads: int | None = None,
     ) -> None:
         if rebase_interval < 1 or rebase_fraction <= 0 or chunk_bytes < 1 or check_versions < 1:
             raise ValueError(
@@ -99,7 +102,8 @@ class WeightPublisher:
         self._resumed = False
         # The bf16 patterns last published, owned here and advanced in place by each delta.
         self._baseline: dict[str, np.ndarray] | None = None
-        self._scratch = np.empty(0, dtype=np.uint16)  # reused cast buffer (largest tensor)
+        self._pool = TensorPool(threads, "weight-encode")
+        self._local = threading.local()  # per-thread reused cast buffer
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._last: Manifest | None = None
 
@@ -177,7 +181,9 @@ class WeightPublisher:
         deltas: dict[str, EncodedDelta] = {}
         sums: dict[str, int] = {}
         if not reason:
-            deltas, sums = self._encode_and_advance(tensors)  # the baseline now holds this version
+            windows = self._check_windows(version, {name: tensor.numel() for name, tensor in tensors.items()})
+            # The baseline now holds this version.
+            deltas, sums, checksums = self._encode_and_advance(tensors, windows)
             delta_bytes = sum(d.nbytes for d in deltas.values())
             assert self._last is not None
             chain_bytes = (self._last.chain_bytes if self._last.kind == "delta" else 0) + delta_bytes
@@ -194,7 +200,7 @@ class WeightPublisher:
                     changed = sum(int(np.count_nonzero(self._baseline[n] != bits[n])) for n in bits)
             payload, manifest = self._full_manifest(version, bits, shapes, changed)
         else:
-            payload, manifest = self._delta_manifest(version, shapes, deltas, sums)
+            payload, manifest = self._delta_manifest(version, shapes, deltas, sums, windows, checksums)
             bits = self._baseline
         encode_seconds = time.perf_counter() - started
 
@@ -247,24 +253,42 @@ class WeightPublisher:
         return out
 
     def _scratch_of(self, n: int) -> np.ndarray:
-        if self._scratch.size < n:
-            self._scratch = np.empty(n, dtype=np.uint16)
-        return self._scratch[:n]
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None or scratch.size < n:
+            scratch = self._local.scratch = np.empty(n, dtype=np.uint16)
+        return scratch[:n]
 
-    def _encode_and_advance(self, tensors: dict[str, torch.Tensor]) -> tuple[dict[str, EncodedDelta], dict[str, int]]:
-        """Per tensor: find and encode the changes against the baseline, writing them into it."""
+    def _encode_one(
+        self, name: str, tensor: torch.Tensor, window: tuple[int, int] | None
+    ) -> tuple[EncodedDelta, int | None, str]:
+        """One tensor: find and encode its changes against the baseline, writing them into it; its
+        change sum; the SHA-256 of its check window (of the advanced baseline), if it has one."""
         assert self._baseline is not None
-        deltas: dict[str, EncodedDelta] = {}
-        sums: dict[str, int] = {}
-        for name, tensor in tensors.items():
-            base = self._baseline[name]
-            changes = find_changes(base, self._new_bits(tensor), advance=True)
-            # The baseline now holds the new values: it stands in for them (the old ones are in
-            # `changes`, which is all the encoder reads when given them).
-            deltas[name] = encode_delta(base, base, changes=changes, overwrite_only=self.overwrite_only)
-            if changes.count:
-                sums[name] = change_sum(changes.positions, changes.old, changes.new)
-        return deltas, sums
+        base = self._baseline[name]
+        changes = find_changes(base, self._new_bits(tensor), advance=True)
+        # The baseline now holds the new values: it stands in for them (the old ones are in
+        # `changes`, which is all the encoder reads when given them).
+        delta = encode_delta(base, base, changes=changes, overwrite_only=self.overwrite_only)
+        total = change_sum(changes.positions, changes.old, changes.new) if changes.count else None
+        return delta, total, bits_checksum(base[window[0] : window[1]]) if window else ""
+
+    def _encode_and_advance(
+        self, tensors: dict[str, torch.Tensor], windows: dict[str, tuple[int, int]]
+    ) -> tuple[dict[str, EncodedDelta], dict[str, int], dict[str, str]]:
+        """Every tensor's delta, change sum and window checksum, on the pool's threads (numpy and
+        torch release the GIL for the block work; tensors are independent). Largest first, for an
+        even split; returned in the model's order, which the manifest keeps."""
+        order = sorted(tensors, key=lambda name: -tensors[name].numel())
+        results = self._pool.map(lambda name: self._encode_one(name, tensors[name], windows.get(name)), order)
+        done = dict(zip(order, results, strict=True))
+        deltas = {name: done[name][0] for name in tensors}
+        sums = {name: s for name in tensors if (s := done[name][1]) is not None}
+        checksums = {name: done[name][2] for name in tensors if name in windows}
+        return deltas, sums, checksums
+
+    def close(self) -> None:
+        """Stop the encoding threads (idempotent; a later publish starts them again)."""
+        self._pool.close()
 
     def _check_windows(self, version: int, sizes: dict[str, int]) -> dict[str, tuple[int, int]]:
         """Element range of each tensor this version checks by SHA-256: window `version % K` of K
@@ -302,9 +326,10 @@ class WeightPublisher:
             for name, flat in bits.items()
         }
         payload = safetensors.torch.save(as_bf16)
+        checksums = self._pool.map(bits_checksum, bits.values())
         entries = [
-            TensorEntry(name=name, shape=list(shapes[name]), checksum=bits_checksum(flat))
-            for name, flat in bits.items()
+            TensorEntry(name=name, shape=list(shapes[name]), checksum=checksum)
+            for name, checksum in zip(bits, checksums, strict=True)
         ]
         manifest = Manifest(
             version=version,
@@ -327,9 +352,10 @@ class WeightPublisher:
         shapes: dict[str, tuple[int, ...]],
         deltas: dict[str, EncodedDelta],
         sums: dict[str, int],
+        windows: dict[str, tuple[int, int]],
+        checksums: dict[str, str],
     ) -> tuple[bytes, Manifest]:
-        assert self._last is not None and self._baseline is not None
-        windows = self._check_windows(version, {name: enc.numel for name, enc in deltas.items()})
+        assert self._last is not None
         entries, parts, offset = [], [], 0
         for name, enc in deltas.items():
             blob = enc.payload()
@@ -338,7 +364,7 @@ class WeightPublisher:
                 TensorEntry(
                     name=name,
                     shape=list(shapes[name]),
-                    checksum=bits_checksum(self._baseline[name][window[0] : window[1]]) if window else "",
+                    checksum=checksums[name] if window else "",
                     check_range=list(window) if window else None,
                     change_sum=format_sum(sums[name]) if enc.count else None,
                     offset=offset,

@@ -28,7 +28,8 @@ from rljob.weights import store
 from rljob.weights.apply import apply_delta, ensure_target, named_tensors, write_full
 from rljob.weights.checksum import format_sum, tensor_checksum
 from rljob.weights.encoding import DeltaFormatError, EncodedDelta
-from rljob.weights.manifest import Manifest
+from rljob.weights.manifest import Manifest, TensorEntry
+from rljob.weights.parallel import TensorPool
 from rljob.weights.store import (
     ChecksumMismatchError,
     NoWeightsPublishedError,
@@ -61,10 +62,13 @@ class SyncResult:
 
 
 class WeightReader:
-    def __init__(self, redis_client: redis.Redis, keys: JobKeys, *, max_attempts: int = 3) -> None:
+    def __init__(
+        self, redis_client: redis.Redis, keys: JobKeys, *, max_attempts: int = 3, threads: int | None = None
+    ) -> None:
         self.client = redis_client
         self.keys = keys
         self.max_attempts = max_attempts
+        self._pool = TensorPool(threads, "weight-apply")
         self.version: int | None = None  # version the target holds, None when unknown
 
     def latest_version(self) -> int | None:
@@ -231,12 +235,12 @@ class WeightReader:
     def _apply_delta(self, target: Target, manifest: Manifest, payload: bytes) -> list[str]:
         view = memoryview(payload)
         tensors = named_tensors(target)
-        touched = []
-        for entry in manifest.tensors:
-            if entry.changed == 0 or entry.encoding is None:
-                continue
+        entries = [entry for entry in manifest.tensors if entry.changed and entry.encoding is not None]
+        for entry in entries:
             if entry.name not in tensors:
                 raise WeightLayoutError(f"weight version {manifest.version} updates {entry.name}, absent here")
+
+        def apply(entry: TensorEntry) -> None:
             enc = EncodedDelta.from_meta(entry.encoding, view[entry.offset : entry.offset + entry.length])
             actual = format_sum(apply_delta(tensors[entry.name], enc))
             if entry.change_sum is not None and actual != entry.change_sum:
@@ -245,28 +249,44 @@ class WeightReader:
                     f"{entry.change_sum} (the target was not at version {manifest.base_version}, or the delta "
                     "decoded wrongly)"
                 )
-            touched.append(entry.name)
+
+        # Largest first, for an even split over the threads.
+        self._pool.map(apply, sorted(entries, key=lambda entry: -entry.changed))
         self._verify(tensors, manifest, [entry.name for entry in manifest.tensors if entry.checksum])
-        return touched
+        return [entry.name for entry in entries]
 
     @staticmethod
     def _check_shape(tensor: torch.Tensor, shape: tuple[int, ...] | torch.Size, name: str) -> None:
         if tuple(tensor.shape) != tuple(shape):
             raise WeightLayoutError(f"{name}: target shape {tuple(tensor.shape)}, published {tuple(shape)}")
 
-    @staticmethod
-    def _verify(tensors: dict[str, torch.Tensor], manifest: Manifest, names: list[str]) -> None:
+    def _verify(self, tensors: dict[str, torch.Tensor], manifest: Manifest, names: list[str]) -> None:
         """SHA-256 of each named tensor (over its `check_range`, or whole) against the manifest."""
-        entries = {entry.name: entry for entry in manifest.tensors}
-        for name in names:
-            entry = entries[name]
-            if name not in tensors:
-                raise WeightLayoutError(f"weight version {manifest.version} checks {name}, absent here")
-            start, stop = entry.check_range if entry.check_range is not None else (0, None)
-            actual = tensor_checksum(tensors[name], start, stop)
-            if actual != entry.checksum:
-                where = "" if entry.check_range is None else f"[{start}:{stop}] "
-                raise ChecksumMismatchError(
-                    f"weight version {manifest.version}: {name} {where}has checksum {actual}, "
-                    f"manifest says {entry.checksum}"
-                )
+        verify_checksums(tensors, manifest, names, self._pool)
+
+    def close(self) -> None:
+        """Stop the apply threads (idempotent; a later sync starts them again)."""
+        self._pool.close()
+
+
+def verify_checksums(
+    tensors: dict[str, torch.Tensor], manifest: Manifest, names: list[str], pool: TensorPool | None = None
+) -> None:
+    """SHA-256 of each named tensor (over its `check_range`, or whole) against the manifest."""
+    entries = {entry.name: entry for entry in manifest.tensors}
+    for name in names:
+        if name not in tensors:
+            raise WeightLayoutError(f"weight version {manifest.version} checks {name}, absent here")
+
+    def check(name: str) -> None:
+        entry = entries[name]
+        start, stop = entry.check_range if entry.check_range is not None else (0, None)
+        actual = tensor_checksum(tensors[name], start, stop)
+        if actual != entry.checksum:
+            where = "" if entry.check_range is None else f"[{start}:{stop}] "
+            raise ChecksumMismatchError(
+                f"weight version {manifest.version}: {name} {where}has checksum {actual}, "
+                f"manifest says {entry.checksum}"
+            )
+
+    (pool or TensorPool(1)).map(check, names)

@@ -1,0 +1,85 @@
+"""The per-tensor thread pool, and that threads change nothing a version holds."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from rljob.weights.parallel import TensorPool, cgroup_cpu_limit, default_threads
+
+
+def test_pool_maps_in_order_on_several_threads():
+    pool = TensorPool(3)
+    seen: set[str] = set()
+
+    def work(x: int) -> int:
+        seen.add(threading.current_thread().name)
+        return x * x
+
+    try:
+        assert pool.map(work, range(200)) == [x * x for x in range(200)]
+    finally:
+        pool.close()
+    assert any(name.startswith("weights") for name in seen)
+
+
+def test_pool_reraises_the_first_error_and_runs_inline_with_one_thread():
+    def boom(x: int) -> int:
+        if x == 3:
+            raise ValueError("bad tensor 3")
+        return x
+
+    with pytest.raises(ValueError, match="bad tensor 3"):
+        TensorPool(2).map(boom, range(10))
+    names = TensorPool(1).map(lambda _: threading.current_thread().name, range(3))
+    assert set(names) == {threading.current_thread().name}
+    with pytest.raises(ValueError):
+        TensorPool(0)
+
+
+def test_cgroup_quota_caps_the_default(tmp_path, monkeypatch):
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("150000 100000\n")
+    assert cgroup_cpu_limit(cpu_max) == 1.5
+    cpu_max.write_text("max 100000\n")
+    assert cgroup_cpu_limit(cpu_max) is None
+    assert cgroup_cpu_limit(tmp_path / "absent") is None
+    monkeypatch.setattr("rljob.weights.parallel.cgroup_cpu_limit", lambda: 1.0)
+    assert default_threads() == 1
+
+
+def test_threads_do_not_change_the_published_bytes(redis_client):
+    """The same versions published with 1 and 4 threads are byte-identical (manifest order too)."""
+    from rljob.keys import JobKeys
+    from rljob.weights import WeightPublisher, WeightReader, store
+
+    torch.manual_seed(0)
+    weights = {f"layer{i}.weight": torch.randn(37 + 50 * i, 19) for i in range(12)}
+    weights["norm"] = torch.randn(3)
+    payloads = {}
+    for threads in (1, 4):
+        keys = JobKeys("test", f"threads{threads}")
+        publisher = WeightPublisher(redis_client, keys, rebase_interval=100, rebase_fraction=4.0,
+                                    chunk_bytes=4096, threads=threads)  # fmt: skip
+        current = {n: t.clone() for n, t in weights.items()}
+        gen = torch.Generator().manual_seed(1)
+        shadow: dict[str, torch.Tensor] = {}
+        reader = WeightReader(redis_client, keys, threads=threads)
+        for _ in range(4):
+            publisher.publish(current)
+            reader.sync(shadow)
+            for n, t in current.items():
+                assert torch.equal(shadow[n].view(torch.int16), t.to(torch.bfloat16).view(torch.int16)), n
+            for t in current.values():
+                t.add_(torch.randn(t.shape, generator=gen) * 0.02)
+        manifests = store.read_manifests(redis_client, keys, store.committed_versions(redis_client, keys))
+        payloads[threads] = [
+            ([e.model_dump(exclude={"checksum"}) | {"c": e.checksum} for e in m.tensors],
+             store.read_payload(redis_client, m))
+            for m, _ in manifests
+        ]  # fmt: skip
+        publisher.close()
+        reader.close()
+    assert payloads[1] == payloads[4]
