@@ -12,13 +12,15 @@ redis-server on loopback (no AOF, so disk speed does not enter the numbers):
    fp32 -> bf16 cast (`--source bf16` skips it, as the first version of this benchmark did).
 
 For each version: changed fraction, bytes per changed value, delta size as % of the full bf16
-size, encode and decode+apply throughput (one thread), and publish-to-applied latency with 1 and
-4 readers, beside (a) a full safetensors sync through the same store, measured in the same run,
+size, encode throughput (the publisher's threads) and decode+apply throughput (one thread), and
+publish-to-applied latency with 1 and 4 readers, beside (a) a full safetensors sync through the same store, measured in the same run,
 and (b) the plain coding of an int32 position and a bf16 value per change (6 bytes). Latencies are
 the best of `--reps` versions (and the full baseline the best of two), because the machine is
 shared; CPU seconds of this process (publisher + readers, not redis-server) are recorded beside
 them as a load-independent view. Progress on stdout; the JSON summary is the last line. Readers
-run as threads of this process (numpy releases the GIL for the heavy work).
+run as threads of this process (numpy releases the GIL for the heavy work). The publisher and each
+reader spread their per-tensor work over `--weight-threads` threads (default: the usable cores);
+`--weight-threads 1` is the single-threaded store.
 
 Weights come from `rljob.assets.smollm2_model_dir()` (the GGUF dequantised once and cached as
 safetensors; the first run on a machine pays that conversion, minutes on a small CPU).
@@ -42,11 +44,13 @@ from rljob.keys import JobKeys
 from rljob.weights import EncodedDelta, WeightPublisher, WeightReader, apply_delta, store
 from rljob.weights.checksum import bf16_bits, format_sum
 from rljob.weights.encoding import encode_delta, from_ordered, to_ordered
+from rljob.weights.parallel import default_threads
 from rljob.weights.reader import verify_checksums
 
 DENSITIES = [0.001, 0.005, 0.01, 0.03, 0.10]
 PLAIN_BYTES_PER_CHANGE = 6  # int32 position + bf16 value
 CHUNK_BYTES = 16 * 1024 * 1024
+WEIGHT_THREADS = 1  # threads of each publisher and reader (set from --weight-threads)
 SOURCES = {
     "fp32": "fp32 tensors holding bf16 values (the publisher casts every version)",
     "bf16": "bf16 tensors (no cast)",
@@ -106,7 +110,7 @@ class Readers:
     """N readers, each with its own bf16 shadow; syncs them concurrently and times the slowest."""
 
     def __init__(self, client, keys: JobKeys, shadows: list[dict[str, torch.Tensor]]) -> None:
-        self.readers = [WeightReader(client, keys) for _ in shadows]
+        self.readers = [WeightReader(client, keys, threads=WEIGHT_THREADS) for _ in shadows]
         self.shadows = shadows
 
     def sync(self) -> tuple[float, list, float]:
@@ -152,8 +156,9 @@ def measure_full(client, named: dict[str, torch.Tensor], readers: int, shadows, 
     for _ in range(tries):
         keys = JobKeys("bench", f"full-{readers}-{time.monotonic_ns()}")
         publisher = WeightPublisher(
-            client, keys, rebase_interval=1, rebase_fraction=1.0, chunk_bytes=CHUNK_BYTES, mode="full"
-        )
+            client, keys, rebase_interval=1, rebase_fraction=1.0, chunk_bytes=CHUNK_BYTES, mode="full",
+            threads=WEIGHT_THREADS,
+        )  # fmt: skip
         started, cpu = time.perf_counter(), time.process_time()
         result = publisher.publish(named)
         publish_seconds, publish_cpu = time.perf_counter() - started, time.process_time() - cpu
@@ -268,12 +273,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps (full mode)")
     parser.add_argument("--reps", type=int, default=2, help="versions per sweep density (best latency kept)")
     parser.add_argument("--out", default="docs/results/weight_delta", help="path stem for .json and .png")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--weight-threads", type=int, default=default_threads(),
+                        help="threads of each publisher and reader (default: the usable cores)")  # fmt: skip
     parser.add_argument("--source", choices=["fp32", "bf16"], default="fp32",
                         help="what the sweep publishes from: fp32 masters (a trainer) or bf16 tensors")  # fmt: skip
     args = parser.parse_args(argv)
     as_source = as_fp32 if args.source == "fp32" else as_tensors
     torch.set_num_threads(args.threads)
+    global WEIGHT_THREADS
+    WEIGHT_THREADS = args.weight_threads
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     steps = 0 if args.quick else args.steps
     reps = 1 if args.quick else args.reps
@@ -305,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         if model is not None:
             keys = JobKeys("bench", "adamw")
             publisher = WeightPublisher(client, keys, rebase_interval=1000, rebase_fraction=4.0,
-                                        chunk_bytes=CHUNK_BYTES)  # fmt: skip
+                                        chunk_bytes=CHUNK_BYTES, threads=WEIGHT_THREADS)  # fmt: skip
             full_bytes = publisher.publish(named).payload_bytes
             one, four = Readers(client, keys, shadows[:1]), Readers(client, keys, shadows[1:])
             one.sync()
@@ -349,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         sub_shadows = [{n: s[n] for n in sweep_names} for s in shadows]
         while len(sub_shadows) < 5:  # --quick: extra readers only for the slice
             sub_shadows.append({n: shadows[0][n].clone() for n in sweep_names})
-        spub = WeightPublisher(client, skeys, rebase_interval=1000, rebase_fraction=100.0, chunk_bytes=CHUNK_BYTES)
+        spub = WeightPublisher(client, skeys, rebase_interval=1000, rebase_fraction=100.0, chunk_bytes=CHUNK_BYTES,
+                               threads=WEIGHT_THREADS)  # fmt: skip
         sfull = spub.publish(as_source(bits, shapes)).payload_bytes
         full_bytes = full_bytes or sfull
         sone, sfour = Readers(client, skeys, sub_shadows[:1]), Readers(client, skeys, sub_shadows[1:])
@@ -416,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         "sweep_source": SOURCES[args.source],
         "full_bytes": full_bytes,
         "threads": args.threads,
+        "weight_threads": args.weight_threads,
         "reps": reps,
         "cpu_count": os.cpu_count(),
         "load_average": os.getloadavg()[0],
