@@ -83,3 +83,27 @@ def test_threads_do_not_change_the_published_bytes(redis_client):
         publisher.close()
         reader.close()
     assert payloads[1] == payloads[4]
+
+
+def test_gc_paused_defers_collection_and_restores_the_previous_state():
+    import gc
+
+    from rljob.weights.gcpause import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # a caller that had it off keeps it off
+    finally:
+        gc.enable()
+    with pytest.raises(RuntimeError), gc_paused():
+        raise RuntimeError("boom")
+    assert gc.isenabled()

@@ -38,6 +38,7 @@ from rljob.weights import store
 from rljob.weights.apply import named_tensors
 from rljob.weights.checksum import bf16_bits, bits_checksum, change_sum, format_sum
 from rljob.weights.encoding import BlockSource, EncodedDelta, encode_delta, find_changes
+from rljob.weights.gcpause import gc_paused
 from rljob.weights.manifest import Manifest, TensorEntry
 from rljob.weights.parallel import TensorPool
 from rljob.weights.reader import WeightReader
@@ -166,7 +167,8 @@ class WeightPublisher:
         elif latest is not None and version <= latest:
             raise VersionConflictError(f"version {version} is not newer than the published {latest}")
         try:
-            return self._publish(named_params, version)
+            with gc_paused():
+                return self._publish(named_params, version)
         except BaseException:
             # The baseline may be advanced past what Redis holds, or the commit may or may not have
             # landed: re-read Redis before the next publish.

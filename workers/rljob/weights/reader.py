@@ -28,6 +28,7 @@ from rljob.weights import store
 from rljob.weights.apply import apply_delta, ensure_target, named_tensors, write_full
 from rljob.weights.checksum import format_sum, tensor_checksum
 from rljob.weights.encoding import DeltaFormatError, EncodedDelta
+from rljob.weights.gcpause import gc_paused
 from rljob.weights.manifest import Manifest, TensorEntry
 from rljob.weights.parallel import TensorPool
 from rljob.weights.store import (
@@ -117,7 +118,8 @@ class WeightReader:
         errors: list[str] = []
         for attempt in range(self.max_attempts):
             try:
-                result = self._sync_once(target, force_full=attempt > 0)
+                with gc_paused():
+                    result = self._sync_once(target, force_full=attempt > 0)
             except RECOVERABLE as exc:
                 log.warning("weight sync attempt %d failed, refetching from the newest full: %s", attempt + 1, exc)
                 errors.append(f"{type(exc).__name__}: {exc}")
