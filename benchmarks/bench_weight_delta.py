@@ -13,14 +13,14 @@ redis-server on loopback (no AOF, so disk speed does not enter the numbers):
 
 For each version: changed fraction, bytes per changed value, delta size as % of the full bf16
 size, encode throughput (the publisher's threads) and decode+apply throughput (one thread), and
-publish-to-applied latency with 1 and 4 readers, beside (a) a full safetensors sync through the same store, measured in the same run,
-and (b) the plain coding of an int32 position and a bf16 value per change (6 bytes). Latencies are
-the best of `--reps` versions (and the full baseline the best of two), because the machine is
-shared; CPU seconds of this process (publisher + readers, not redis-server) are recorded beside
-them as a load-independent view. Progress on stdout; the JSON summary is the last line. Readers
-run as threads of this process (numpy releases the GIL for the heavy work). The publisher and each
-reader spread their per-tensor work over `--weight-threads` threads (default: the usable cores);
-`--weight-threads 1` is the single-threaded store.
+publish-to-applied latency with 1 and 4 readers, beside (a) a full safetensors sync through the
+same store, measured in the same run, and (b) the plain coding of an int32 position and a bf16
+value per change (6 bytes). Latencies are the best of `--reps` versions (and the full baseline the
+best of two), because the machine is shared; CPU seconds of this process (publisher + readers, not
+redis-server) are recorded beside them as a load-independent view. Progress on stdout; the JSON
+summary is the last line. Readers run as threads of this process (numpy releases the GIL for the
+heavy work). The publisher and each reader spread their per-tensor work over `--weight-threads`
+threads (default: the usable cores); `--weight-threads 1` is the single-threaded store.
 
 Weights come from `rljob.assets.smollm2_model_dir()` (the GGUF dequantised once and cached as
 safetensors; the first run on a machine pays that conversion, minutes on a small CPU).
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import threading
@@ -41,9 +42,10 @@ import torch
 
 from rljob.embedded_redis import EmbeddedRedis
 from rljob.keys import JobKeys
-from rljob.weights import EncodedDelta, WeightPublisher, WeightReader, apply_delta, store
+from rljob.weights import EncodedDelta, WeightPublisher, WeightReader, store
+from rljob.weights.apply import apply_stream
 from rljob.weights.checksum import bf16_bits, format_sum
-from rljob.weights.encoding import encode_delta, from_ordered, to_ordered
+from rljob.weights.encoding import Changes, encode_changes, find_changes, from_ordered, to_ordered
 from rljob.weights.parallel import default_threads
 from rljob.weights.reader import verify_checksums
 
@@ -96,6 +98,18 @@ def nudge(bits: dict[str, np.ndarray], density: float, rng: np.random.Generator)
     return out
 
 
+def overwrite_only_bytes(old: list[np.ndarray], new: list[np.ndarray]) -> int:
+    """Size of the version's one stream with pure overwrite values (no ulp coding)."""
+    found = [find_changes(o, n) for o, n in zip(old, new, strict=True)]
+    offsets = np.cumsum([0] + [o.size for o in old])
+    merged = Changes(
+        np.concatenate([c.positions + offset for c, offset in zip(found, offsets, strict=False)]),
+        np.concatenate([c.old for c in found]),
+        np.concatenate([c.new for c in found]),
+    )
+    return encode_changes(merged, int(offsets[-1]), overwrite_only=True).nbytes
+
+
 def as_tensors(bits: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
     return {n: torch.from_numpy(b.view(np.int16)).view(torch.bfloat16).reshape(shapes[n]) for n, b in bits.items()}
 
@@ -136,13 +150,13 @@ def decode_apply_seconds(
     CPU seconds (one thread; on a shared machine CPU time is what "one core" delivers); and the
     wall time of the SHA-256 window check after it."""
     manifest = store.read_manifests(client, keys, [version])[0][0]
-    payload = memoryview(store.read_payload(client, manifest))
+    payload = store.read_payload(client, manifest)
     targets = {n: t.clone() for n, t in base.items()}
     started, cpu = time.perf_counter(), time.thread_time()
-    for entry in manifest.tensors:
-        if entry.changed and entry.encoding is not None:
-            enc = EncodedDelta.from_meta(entry.encoding, payload[entry.offset : entry.offset + entry.length])
-            assert format_sum(apply_delta(targets[entry.name], enc)) == entry.change_sum
+    enc = EncodedDelta.from_meta(manifest.stream, payload)
+    sizes = [math.prod(entry.shape) for entry in manifest.tensors]
+    total, _ = apply_stream([targets[entry.name] for entry in manifest.tensors], sizes, enc)  # one thread
+    assert format_sum(total) == manifest.change_sum
     decode_seconds, decode_cpu = time.perf_counter() - started, time.thread_time() - cpu
     started = time.perf_counter()
     verify_checksums(targets, manifest, [entry.name for entry in manifest.tensors if entry.checksum])
@@ -382,8 +396,8 @@ def main(argv: list[str] | None = None) -> int:
                 np.array_equal(bf16_bits(s[n], exact=True), bits[n]) for s in sub_shadows for n in sweep_names
             )
             # Overwrite-only values (no ulp coding), size only.
-            plain_values = sum(
-                encode_delta(bf16_bits(base[n]), bits[n], overwrite_only=True).nbytes for n in sweep_names
+            plain_values = overwrite_only_bytes(
+                [bf16_bits(base[n]) for n in sweep_names], [bits[n] for n in sweep_names]
             )
             rows[-1]["overwrite_only_bytes_per_changed_value"] = plain_values / max(m["result"].changed, 1)
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +21,9 @@ from rljob.weights import (
     named_tensors,
     store,
 )
-from rljob.weights.checksum import bf16_bits
+from rljob.weights.checksum import bf16_bits, change_sum, format_sum
+from rljob.weights.encoding import EncodedDelta, encode_delta, find_changes
+from rljob.weights.manifest import Manifest, TensorEntry
 
 pytestmark = pytest.mark.integration
 transformers = pytest.importorskip("transformers")
@@ -441,3 +444,62 @@ def test_large_fp32_tensors_are_cast_block_by_block_exactly(redis_client):
         with torch.no_grad():
             for t in weights.values():
                 t.mul_(1.0 + 1e-3 * torch.randn(t.shape, generator=gen))
+
+
+def test_a_version_is_one_stream_over_all_tensors(redis_client):
+    """Format 3: the manifest carries one encoded stream and one change sum; per-tensor entries keep
+    the names, shapes, change counts and check windows."""
+    trainer = Trainer(lr=1e-3)
+    publisher = publisher_for(redis_client)
+    publisher.publish(trainer.model)
+    before = trainer.bits()
+    trainer.step()
+    result = publisher.publish(trainer.model)
+    manifest = store.read_manifests(redis_client, KEYS, [result.version])[0][0]
+    after = trainer.bits()
+    assert manifest.format == 3 and manifest.kind == "delta"
+    assert manifest.stream is not None and manifest.stream["count"] == manifest.changed == result.changed > 0
+    assert manifest.stream["numel"] == manifest.numel == sum(b.size for b in after.values())
+    assert re.fullmatch(r"[0-9a-f]{16}", manifest.change_sum or "")
+    for entry in manifest.tensors:
+        assert entry.encoding is None and entry.length == 0
+        assert entry.changed == int(np.count_nonzero(before[entry.name] != after[entry.name]))
+    assert result.encodings == {EncodedDelta.from_meta(manifest.stream, store.read_payload(redis_client, manifest))
+                                .encoding: 1}  # fmt: skip
+
+
+def test_a_format_2_delta_written_per_tensor_is_still_applied(redis_client):
+    """Readers of format 3 apply the per-tensor deltas an older publisher wrote (a rolling upgrade)."""
+    trainer = Trainer(lr=1e-3)
+    publisher = publisher_for(redis_client)
+    shadow: dict[str, torch.Tensor] = {}
+    reader = WeightReader(redis_client, KEYS)
+    v0 = publisher.publish(trainer.model)
+    reader.sync(shadow)
+    before = trainer.bits()
+    trainer.step()
+    after = trainer.bits()
+    entries, parts, offset = [], [], 0
+    for name, bits in after.items():
+        enc = encode_delta(before[name], bits)
+        changes = find_changes(before[name], bits)
+        blob = enc.payload()
+        entries.append(TensorEntry(
+            name=name, shape=list(bits.shape), offset=offset, length=len(blob), changed=enc.count,
+            change_sum=format_sum(change_sum(changes.positions, changes.old, changes.new)) if enc.count else None,
+            encoding=enc.meta() if enc.count else None,
+        ))  # fmt: skip
+        parts.append(blob)
+        offset += len(blob)
+    payload = b"".join(parts)
+    base = store.read_manifests(redis_client, KEYS, [v0.version])[0][0]
+    manifest = Manifest(
+        format=2, version=1, kind="delta", base_version=0, full_version=0, chain_length=1,
+        chain_bytes=len(payload), full_bytes=base.full_bytes, payload_bytes=len(payload), numel=base.numel,
+        changed=sum(e.changed for e in entries), created_at=time.time(), chunks=[], tensors=entries,
+    )  # fmt: skip
+    manifest.chunks = store.write_chunks(redis_client, KEYS, 1, payload, 4096)
+    store.commit(redis_client, KEYS, manifest)
+    result = reader.sync(shadow)
+    assert result.version == 1 and result.versions_applied == [1] and not result.took_full
+    assert_holds(shadow, after)

@@ -10,13 +10,20 @@ holds after, for the reader to compare with the manifest.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 
 import numpy as np
 import torch
 
 from rljob.weights.checksum import change_sum
-from rljob.weights.encoding import EncodedDelta, decode_positions, decode_values, needs_old_values
+from rljob.weights.encoding import (
+    DeltaFormatError,
+    EncodedDelta,
+    decode_positions,
+    decode_values,
+    needs_old_values,
+)
+from rljob.weights.parallel import TensorPool
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
 
@@ -90,6 +97,79 @@ def _apply_cpu(flat: torch.Tensor, enc: EncodedDelta, positions: np.ndarray) -> 
         new = decode_values(enc, old if needs_old_values(enc) else None)
         memory32[where] = new.astype(np.uint32) << 16
     return change_sum(positions, old, new)
+
+
+def gather_bits(tensor: torch.Tensor, positions: np.ndarray) -> np.ndarray:
+    """The bf16 patterns `tensor` holds at flat `positions` (uint16; fp32 targets: upper halves)."""
+    flat = _flat(tensor)
+    if flat.device.type != "cpu":
+        return _bits_at(flat, torch.from_numpy(positions).to(flat.device))
+    if flat.dtype == torch.bfloat16:
+        return flat.view(torch.int16).numpy().view(np.uint16)[positions]
+    return (flat.view(torch.int32).numpy().view(np.uint32)[positions] >> 16).astype(np.uint16)
+
+
+def scatter_bits(tensor: torch.Tensor, positions: np.ndarray, values: np.ndarray) -> None:
+    """Write bf16 patterns `values` at flat `positions` of `tensor`, in place."""
+    flat = _flat(tensor)
+    if flat.device.type != "cpu":
+        index = torch.from_numpy(positions).to(flat.device)
+        new = torch.from_numpy(values.view(np.int16)).view(torch.bfloat16).to(flat.device)
+        with torch.no_grad():
+            if flat.dtype == torch.bfloat16:
+                flat.view(torch.int16)[index] = new.view(torch.int16)
+            else:
+                flat[index] = new.to(flat.dtype)
+    elif flat.dtype == torch.bfloat16:
+        flat.view(torch.int16).numpy().view(np.uint16)[positions] = values
+    else:
+        flat.view(torch.int32).numpy().view(np.uint32)[positions] = values.astype(np.uint32) << 16
+
+
+def apply_stream(
+    tensors: Sequence[torch.Tensor | None], sizes: Sequence[int], enc: EncodedDelta, pool: TensorPool | None = None
+) -> tuple[int, list[int]]:
+    """Apply one delta stream over tensors laid end to end (`sizes` elements each), in place.
+
+    A tensor may be None where the stream changes nothing in it. Decoding is one call for the
+    whole stream; only the gather of the old values and the scatter of the new ones run per tensor
+    (on `pool`). Returns the change sum over the stream's positions (what the targets held before
+    and hold now) and the indices of the tensors it changed.
+    """
+    if enc.numel != sum(sizes):
+        raise DeltaFormatError(f"delta stream is for {enc.numel} elements, the tensors have {sum(sizes)}")
+    if enc.count == 0:
+        return 0, []
+    if enc.positions == "dense":
+        raise DeltaFormatError("a delta stream over several tensors never uses the dense coding")
+    positions = decode_positions(enc)
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    cuts = np.searchsorted(positions, offsets)
+    parts = [(i, int(cuts[i]), int(cuts[i + 1])) for i in range(len(sizes)) if cuts[i + 1] > cuts[i]]
+    for i, _, _ in parts:
+        target = tensors[i]
+        if target is None:
+            raise ValueError(f"the delta stream changes tensor {i}, which has no target")
+        if target.numel() != sizes[i]:
+            raise ValueError(f"tensor {i} has {target.numel()} elements, the delta stream {sizes[i]}")
+    local = {i: positions[a:b] - offsets[i] for i, a, b in parts}
+    old = np.empty(positions.size, dtype=np.uint16)
+
+    def gather(part: tuple[int, int, int]) -> None:
+        i, a, b = part
+        old[a:b] = gather_bits(tensors[i], local[i])
+
+    run = (pool or TensorPool(1)).map
+    run(gather, parts)
+    new = decode_values(enc, old if needs_old_values(enc) else None)
+
+    def scatter(part: tuple[int, int, int]) -> None:
+        i, a, b = part
+        scatter_bits(tensors[i], local[i], new[a:b])
+
+    run(scatter, parts)
+    return change_sum(positions, old, new), [i for i, _, _ in parts]
 
 
 def write_full(tensor: torch.Tensor, values: torch.Tensor) -> None:

@@ -637,9 +637,34 @@ def encode_delta(
     new = as_flat_bits(new_bits)
     if old.shape != new.shape:
         raise ValueError(f"shape mismatch: {old.shape} vs {new.shape}")
-    numel = int(new.size)
     if changes is None:
         changes = find_changes(old, new)
+    return encode_changes(
+        changes, int(new.size), overwrite_only=overwrite_only, positions=positions, values=values, dense_new=new
+    )
+
+
+def encode_changes(
+    changes: Changes,
+    numel: int,
+    *,
+    overwrite_only: bool = False,
+    positions: str | None = None,
+    values: str | None = None,
+    dense_new: np.ndarray | None = None,
+) -> EncodedDelta:
+    """Smallest lossless coding of `changes` to a flat array of `numel` elements (see `encode_delta`).
+
+    The ``dense`` coding carries every element, so it is only a candidate when `dense_new` (all
+    new values) is given; without it, positions are always coded (a stream over many tensors).
+    """
+    if positions is not None and positions not in POSITION_CODECS[1:]:
+        raise ValueError(f"positions must be one of {POSITION_CODECS[1:]}, got {positions!r}")
+    if values is not None and values not in VALUE_CODECS:
+        raise ValueError(f"values must be one of {VALUE_CODECS}, got {values!r}")
+    if positions == "dense" and dense_new is None:
+        raise ValueError("the dense coding needs every new value (dense_new)")
+    new = dense_new
     count = changes.count
     if count == 0:
         return EncodedDelta(numel=numel, count=0)
@@ -653,7 +678,7 @@ def encode_delta(
     # Candidates in order of decoding cost; on equal size the first (cheapest to decode) wins.
     candidates: list[EncodedDelta] = []
     # A quarter or more changed: carrying every element may be cheapest.
-    if wanted("dense") and (count * 4 >= numel or positions == "dense"):
+    if new is not None and wanted("dense") and (count * 4 >= numel or positions == "dense"):
         base = new.copy()  # the old values: new ones where nothing changed
         base[changes.positions] = changes.old
         for value in value_options(base, new, 0):
@@ -665,7 +690,7 @@ def encode_delta(
     low_bits = best_ef_bits(count, numel)
     ef_bits = ef_cost_bits(count, numel, low_bits)
     rice_bits = estimate_rice_bits(count, gap_sum)
-    sparse = count < numel
+    sparse = count < numel or new is None  # without dense, positions are coded even if all changed
     if wanted("bitmask") and ((sparse and numel <= 1.05 * min(ef_bits, rice_bits)) or positions == "bitmask"):
         mask = np.zeros(numel, dtype=np.bool_)
         mask[changes.positions] = True

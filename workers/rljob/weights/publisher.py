@@ -11,11 +11,13 @@ always right, whatever checkpoint the trainer restarted from: the next delta is 
 what readers actually hold, and versions continue at latest + 1.
 
 Cost of a delta: one pass over the model (fp32 -> bf16 cast, fused per tensor into one reused
-buffer, and a word-wise compare with the baseline; a CPU bf16 input is compared in place), then
-work in proportion to the changed values only: encoding, the change sum, and updating the
-baseline in place. SHA-256 covers 1/`check_versions` of the model per delta (a window that rotates
-with the version number), so every value is checked end to end at least every `check_versions`
-versions, at a fixed small cost per version.
+buffer, and a compare with the baseline; a CPU bf16 input is compared in place), spread per tensor
+over a small thread pool, then work in proportion to the changed values only: the changes of all
+tensors are encoded as one stream (format 3: a few numpy calls for the whole model instead of a
+hundred per tensor), with one change sum, and the baseline is updated in place. SHA-256 covers
+1/`check_versions` of the model per delta (a window that rotates with the version number), so
+every value is checked end to end at least every `check_versions` versions, at a fixed small cost
+per version.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from rljob.keys import JobKeys
 from rljob.weights import store
 from rljob.weights.apply import named_tensors
 from rljob.weights.checksum import bf16_bits, bits_checksum, change_sum, format_sum
-from rljob.weights.encoding import BlockSource, EncodedDelta, encode_delta, find_changes
+from rljob.weights.encoding import BlockSource, Changes, EncodedDelta, encode_changes, find_changes
 from rljob.weights.gcpause import gc_paused
 from rljob.weights.manifest import Manifest, TensorEntry
 from rljob.weights.parallel import TensorPool
@@ -48,6 +50,17 @@ log = logging.getLogger(__name__)
 
 # fp32 values cast to bf16 per block (the block's bf16 copy stays in cache for the compare).
 _CAST_BLOCK = 1 << 18
+
+
+@dataclass
+class VersionDelta:
+    """A version's change: one stream over all tensors, its change sum, per-tensor counts and
+    window checksums."""
+
+    stream: EncodedDelta
+    change_sum: int
+    changed: dict[str, int]
+    checksums: dict[str, str]
 
 
 @dataclass
@@ -180,21 +193,18 @@ class WeightPublisher:
         shapes = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
         started = time.perf_counter()
         reason = self._full_reason(shapes)
-        deltas: dict[str, EncodedDelta] = {}
-        sums: dict[str, int] = {}
+        delta: VersionDelta | None = None
         if not reason:
             windows = self._check_windows(version, {name: tensor.numel() for name, tensor in tensors.items()})
-            # The baseline now holds this version.
-            deltas, sums, checksums = self._encode_and_advance(tensors, windows)
-            delta_bytes = sum(d.nbytes for d in deltas.values())
+            delta = self._encode_and_advance(tensors, windows)  # the baseline now holds this version
             assert self._last is not None
-            chain_bytes = (self._last.chain_bytes if self._last.kind == "delta" else 0) + delta_bytes
+            chain_bytes = (self._last.chain_bytes if self._last.kind == "delta" else 0) + delta.stream.nbytes
             if chain_bytes > self.rebase_fraction * self._last.full_bytes:
                 reason = f"delta chain {chain_bytes} B > {self.rebase_fraction} x full {self._last.full_bytes} B"
         if reason:
-            if deltas:
+            if delta is not None:
                 assert self._baseline is not None
-                bits, changed = self._baseline, sum(d.count for d in deltas.values())
+                bits, changed = self._baseline, delta.stream.count
             else:
                 bits = {name: _owned_bits(tensor) for name, tensor in tensors.items()}
                 changed = 0
@@ -202,7 +212,8 @@ class WeightPublisher:
                     changed = sum(int(np.count_nonzero(self._baseline[n] != bits[n])) for n in bits)
             payload, manifest = self._full_manifest(version, bits, shapes, changed)
         else:
-            payload, manifest = self._delta_manifest(version, shapes, deltas, sums, windows, checksums)
+            assert delta is not None
+            payload, manifest = self._delta_manifest(version, shapes, delta, windows)
             bits = self._baseline
         encode_seconds = time.perf_counter() - started
 
@@ -215,9 +226,7 @@ class WeightPublisher:
             store.apply_retention(self.client, self.keys)
         write_seconds = time.perf_counter() - started
 
-        encodings: dict[str, int] = {}
-        for enc in deltas.values() if not reason else []:
-            encodings[enc.encoding] = encodings.get(enc.encoding, 0) + 1
+        encodings = {delta.stream.encoding: 1} if delta is not None and not reason else {}
         return PublishResult(
             version=version,
             kind=manifest.kind,
@@ -260,33 +269,45 @@ class WeightPublisher:
             scratch = self._local.scratch = np.empty(n, dtype=np.uint16)
         return scratch[:n]
 
-    def _encode_one(
-        self, name: str, tensor: torch.Tensor, window: tuple[int, int] | None
-    ) -> tuple[EncodedDelta, int | None, str]:
-        """One tensor: find and encode its changes against the baseline, writing them into it; its
-        change sum; the SHA-256 of its check window (of the advanced baseline), if it has one."""
+    def _find_one(self, name: str, tensor: torch.Tensor, window: tuple[int, int] | None) -> tuple[Changes, str]:
+        """One tensor: its changes against the baseline, written into it on the way, and the
+        SHA-256 of its check window of the advanced baseline (empty without a window)."""
         assert self._baseline is not None
         base = self._baseline[name]
         changes = find_changes(base, self._new_bits(tensor), advance=True)
-        # The baseline now holds the new values: it stands in for them (the old ones are in
-        # `changes`, which is all the encoder reads when given them).
-        delta = encode_delta(base, base, changes=changes, overwrite_only=self.overwrite_only)
-        total = change_sum(changes.positions, changes.old, changes.new) if changes.count else None
-        return delta, total, bits_checksum(base[window[0] : window[1]]) if window else ""
+        return changes, bits_checksum(base[window[0] : window[1]]) if window else ""
 
     def _encode_and_advance(
         self, tensors: dict[str, torch.Tensor], windows: dict[str, tuple[int, int]]
-    ) -> tuple[dict[str, EncodedDelta], dict[str, int], dict[str, str]]:
-        """Every tensor's delta, change sum and window checksum, on the pool's threads (numpy and
-        torch release the GIL for the block work; tensors are independent). Largest first, for an
-        even split; returned in the model's order, which the manifest keeps."""
-        order = sorted(tensors, key=lambda name: -tensors[name].numel())
-        results = self._pool.map(lambda name: self._encode_one(name, tensors[name], windows.get(name)), order)
-        done = dict(zip(order, results, strict=True))
-        deltas = {name: done[name][0] for name in tensors}
-        sums = {name: s for name in tensors if (s := done[name][1]) is not None}
-        checksums = {name: done[name][2] for name in tensors if name in windows}
-        return deltas, sums, checksums
+    ) -> VersionDelta:
+        """The version's changes as one stream over all tensors laid end to end (model order).
+
+        Finding them is the pass over the model, per tensor on the pool's threads (numpy and
+        torch release the GIL for the block work); largest first, for an even split. Encoding is
+        then a handful of numpy calls over the changes of the whole model, beside the change sum.
+        """
+        names = list(tensors)
+        order = sorted(names, key=lambda name: -tensors[name].numel())
+        found = dict(zip(order, self._pool.map(lambda n: self._find_one(n, tensors[n], windows.get(n)), order),
+                         strict=True))  # fmt: skip
+        offsets = np.cumsum([0] + [tensors[name].numel() for name in names])
+        changes = [found[name][0] for name in names]
+        merged = Changes(
+            np.concatenate([c.positions + offset for c, offset in zip(changes, offsets, strict=False)]),
+            np.concatenate([c.old for c in changes]),
+            np.concatenate([c.new for c in changes]),
+        )
+        stream, total = self._pool.map(
+            lambda job: job(),
+            [lambda: encode_changes(merged, int(offsets[-1]), overwrite_only=self.overwrite_only),
+             lambda: change_sum(merged.positions, merged.old, merged.new)],
+        )  # fmt: skip
+        return VersionDelta(
+            stream=stream,
+            change_sum=total,
+            changed={name: c.count for name, c in zip(names, changes, strict=True)},
+            checksums={name: found[name][1] for name in names if name in windows},
+        )
 
     def close(self) -> None:
         """Stop the encoding threads (idempotent; a later publish starts them again)."""
@@ -349,35 +370,20 @@ class WeightPublisher:
         return payload, manifest
 
     def _delta_manifest(
-        self,
-        version: int,
-        shapes: dict[str, tuple[int, ...]],
-        deltas: dict[str, EncodedDelta],
-        sums: dict[str, int],
-        windows: dict[str, tuple[int, int]],
-        checksums: dict[str, str],
+        self, version: int, shapes: dict[str, tuple[int, ...]], delta: VersionDelta, windows: dict[str, tuple[int, int]]
     ) -> tuple[bytes, Manifest]:
         assert self._last is not None
-        entries, parts, offset = [], [], 0
-        for name, enc in deltas.items():
-            blob = enc.payload()
-            window = windows.get(name)
-            entries.append(
-                TensorEntry(
-                    name=name,
-                    shape=list(shapes[name]),
-                    checksum=checksums[name] if window else "",
-                    check_range=list(window) if window else None,
-                    change_sum=format_sum(sums[name]) if enc.count else None,
-                    offset=offset,
-                    length=len(blob),
-                    changed=enc.count,
-                    encoding=enc.meta() if enc.count else None,
-                )
+        entries = [
+            TensorEntry(
+                name=name,
+                shape=list(shape),
+                checksum=delta.checksums.get(name, ""),
+                check_range=list(windows[name]) if name in windows else None,
+                changed=delta.changed[name],
             )
-            parts.append(blob)
-            offset += len(blob)
-        payload = b"".join(parts)
+            for name, shape in shapes.items()
+        ]
+        payload = delta.stream.payload()
         previous_chain = self._last.chain_bytes if self._last.kind == "delta" else 0
         manifest = Manifest(
             version=version,
@@ -388,10 +394,12 @@ class WeightPublisher:
             chain_bytes=previous_chain + len(payload),
             full_bytes=self._last.full_bytes,
             payload_bytes=len(payload),
-            numel=sum(enc.numel for enc in deltas.values()),
-            changed=sum(enc.count for enc in deltas.values()),
+            numel=delta.stream.numel,
+            changed=delta.stream.count,
             created_at=time.time(),
             chunks=[],
             tensors=entries,
+            stream=delta.stream.meta(),
+            change_sum=format_sum(delta.change_sum),
         )
         return payload, manifest

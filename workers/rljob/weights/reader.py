@@ -3,7 +3,8 @@
 A reader remembers which version its target holds. `sync` fetches only the versions after it
 (the deltas), or the newest full export when the reader is new, too far behind (the deltas it
 lacks outweigh a full), or its deltas were dropped by retention. Every chunk is CRC-checked before
-anything is applied. After a full, every tensor is checked by SHA-256. A delta is decoded straight
+anything is applied. After a full, every tensor is checked by SHA-256. A delta (one stream over all
+tensors laid end to end; older publishers wrote one per tensor) is decoded once and written straight
 into the target's memory, touching only the changed values, and checked by its change sum (which
 also fails when the target did not hold the base version where the delta touches it) and by
 SHA-256 over the manifest's rotating window (drift elsewhere is caught within `check_versions`
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
@@ -25,7 +27,7 @@ import torch
 
 from rljob.keys import JobKeys
 from rljob.weights import store
-from rljob.weights.apply import apply_delta, ensure_target, named_tensors, write_full
+from rljob.weights.apply import apply_delta, apply_stream, ensure_target, named_tensors, write_full
 from rljob.weights.checksum import format_sum, tensor_checksum
 from rljob.weights.encoding import DeltaFormatError, EncodedDelta
 from rljob.weights.gcpause import gc_paused
@@ -235,6 +237,34 @@ class WeightReader:
         return names
 
     def _apply_delta(self, target: Target, manifest: Manifest, payload: bytes) -> list[str]:
+        if manifest.stream is not None:
+            return self._apply_stream(target, manifest, payload)
+        return self._apply_per_tensor(target, manifest, payload)
+
+    def _apply_stream(self, target: Target, manifest: Manifest, payload: bytes) -> list[str]:
+        """Format 3: one stream over all tensors laid end to end, checked by one change sum."""
+        assert manifest.stream is not None
+        tensors = named_tensors(target)
+        entries = manifest.tensors
+        for entry in entries:
+            if entry.changed and entry.name not in tensors:
+                raise WeightLayoutError(f"weight version {manifest.version} updates {entry.name}, absent here")
+            if entry.name in tensors:
+                self._check_shape(tensors[entry.name], entry.shape, entry.name)
+        enc = EncodedDelta.from_meta(manifest.stream, payload)
+        sizes = [math.prod(entry.shape) for entry in entries]
+        actual, touched = apply_stream([tensors.get(entry.name) for entry in entries], sizes, enc, self._pool)
+        if manifest.change_sum is not None and format_sum(actual) != manifest.change_sum:
+            raise ChecksumMismatchError(
+                f"weight version {manifest.version} changed by sum {format_sum(actual)}, manifest says "
+                f"{manifest.change_sum} (the target was not at version {manifest.base_version}, or the delta "
+                "decoded wrongly)"
+            )
+        self._verify(tensors, manifest, [entry.name for entry in entries if entry.checksum])
+        return [entries[i].name for i in touched]
+
+    def _apply_per_tensor(self, target: Target, manifest: Manifest, payload: bytes) -> list[str]:
+        """Formats 1 and 2: one stream per tensor, each with its own change sum."""
         view = memoryview(payload)
         tensors = named_tensors(target)
         entries = [entry for entry in manifest.tensors if entry.changed and entry.encoding is not None]
