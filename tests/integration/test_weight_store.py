@@ -431,7 +431,7 @@ def test_drift_where_no_delta_touches_is_caught_by_the_rotating_window(redis_cli
 def test_large_fp32_tensors_are_cast_block_by_block_exactly(redis_client):
     """Tensors bigger than the publisher's cast block, fp32 with values that round both ways."""
     gen = torch.Generator().manual_seed(3)
-    weights = {"big": torch.randn(700_001, generator=gen) * 0.02, "small": torch.randn(7, 5, generator=gen)}
+    weights = {"big": torch.randn(2_300_001, generator=gen) * 0.02, "small": torch.randn(7, 5, generator=gen)}
     publisher = publisher_for(redis_client, chunk_bytes=1 << 20, check_versions=3)
     shadow: dict[str, torch.Tensor] = {}
     reader = WeightReader(redis_client, KEYS)

@@ -292,7 +292,7 @@ def test_change_sum_is_position_aware_and_zero_for_no_change():
     assert change_sum(positions[:0], a[:0], b[:0]) == 0
 
 
-@pytest.mark.parametrize("size", [1, 5, 4096, 262_144 * 2 + 13])
+@pytest.mark.parametrize("size", [1, 5, 4096, (1 << 20) * 2 + 13])
 @pytest.mark.parametrize("density", [0.0, 0.01, 1.0])
 def test_find_changes_matches_a_plain_compare_and_advances_in_place(size, density):
     rng = np.random.default_rng(size)

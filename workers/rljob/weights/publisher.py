@@ -49,7 +49,7 @@ from rljob.weights.store import VersionConflictError, WeightStoreError
 log = logging.getLogger(__name__)
 
 # fp32 values cast to bf16 per block (the block's bf16 copy stays in cache for the compare).
-_CAST_BLOCK = 1 << 18
+_CAST_BLOCK = 1 << 20
 
 
 @dataclass
