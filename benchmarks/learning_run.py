@@ -4,8 +4,9 @@ lag 0 and 1, all scored greedily on the same first dev.jsonl questions (never tr
 Every number comes from the project's own entry points: `rljob eval` for the untrained model and
 `rljob run FILE --local` (embedded Redis, a rollout worker process, the trainer process) for the
 runs, whose trainer evaluates at step 0 (after the warm-up) and at the last step.
-  python benchmarks/learning_run.py                      # everything (hours on 2 busy CPU cores)
-  python benchmarks/learning_run.py --steps 2 --lags 0   # what fitted here (see docs/results/learning.md)
+  python benchmarks/learning_run.py                      # everything: 73 min on 2 idle CPU cores, plus ~4 min
+                                                         # for the untrained baseline unless reused
+  python benchmarks/learning_run.py --steps 2 --lags 0   # a shorter run
   python benchmarks/learning_run.py --summarise-only     # rebuild JSON + PNG from finished runs
   python benchmarks/learning_run.py --quick              # smoke: 1 RL step, 4 questions, 8 demonstrations
 Writes docs/results/learning.json and learning.png (learning-quick.* with --quick).
