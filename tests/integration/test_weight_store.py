@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -503,3 +504,16 @@ def test_a_format_2_delta_written_per_tensor_is_still_applied(redis_client):
     result = reader.sync(shadow)
     assert result.version == 1 and result.versions_applied == [1] and not result.took_full
     assert_holds(shadow, after)
+
+
+def test_a_manifest_from_a_newer_publisher_gives_a_clear_error(redis_client):
+    publisher = publisher_for(redis_client)
+    publisher.publish({"w": torch.ones(4)})
+    raw = json.loads(redis_client.get(KEYS.weights_manifest(0)))
+    raw |= {"format": 99, "a_field_from_the_future": 1}
+    redis_client.set(KEYS.weights_manifest(0), json.dumps(raw))
+    with pytest.raises(store.ManifestFormatError, match="format 99; this reader knows up to 3"):
+        WeightReader(redis_client, KEYS).sync({})
+    redis_client.set(KEYS.weights_manifest(0), b"{not json")
+    with pytest.raises(store.ManifestFormatError, match="manifest of weight version 0 is invalid"):
+        WeightReader(redis_client, KEYS).sync({})

@@ -15,14 +15,16 @@ invisible to readers and removed by the next publisher's `drop_orphans`.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 
 import redis
+from pydantic import ValidationError
 
 from rljob.keys import JobKeys
 from rljob.weights.checksum import chunk_crc
-from rljob.weights.manifest import ChunkRef, Manifest
+from rljob.weights.manifest import MANIFEST_FORMAT, ChunkRef, Manifest
 
 # Chunks per round trip: bounded so one request stays well below Redis' client buffer limits.
 _BATCH_BYTES = 64 * 1024 * 1024
@@ -42,6 +44,10 @@ return 1
 
 class WeightStoreError(RuntimeError):
     """Base of the weight store's errors."""
+
+
+class ManifestFormatError(WeightStoreError):
+    """A manifest this reader cannot read (a newer format, or damaged)."""
 
 
 class MissingChunkError(WeightStoreError):
@@ -90,8 +96,25 @@ def read_manifests(client: redis.Redis, keys: JobKeys, versions: list[int]) -> l
     for version, raw in zip(versions, raws, strict=True):
         if raw is None:
             raise VersionUnavailableError(f"manifest of weight version {version} is missing from {keys.prefix}")
-        out.append((Manifest.from_json(raw), len(raw)))
+        out.append((_parse_manifest(raw, version), len(raw)))
     return out
+
+
+def _parse_manifest(raw: bytes, version: int) -> Manifest:
+    """A manifest, or a clear error when a newer publisher wrote a format this reader predates."""
+    try:
+        return Manifest.from_json(raw)
+    except ValidationError as exc:
+        try:
+            written = int(json.loads(raw).get("format", 0))
+        except (ValueError, TypeError, AttributeError):
+            written = 0
+        if written > MANIFEST_FORMAT:
+            raise ManifestFormatError(
+                f"weight version {version} was written in manifest format {written}; this reader knows up to "
+                f"{MANIFEST_FORMAT}: run the same rljob version in the trainer and the rollout workers"
+            ) from exc
+        raise ManifestFormatError(f"manifest of weight version {version} is invalid: {exc}") from exc
 
 
 def write_chunks(client: redis.Redis, keys: JobKeys, version: int, payload: bytes, chunk_bytes: int) -> list[ChunkRef]:
