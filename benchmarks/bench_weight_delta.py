@@ -45,7 +45,7 @@ from rljob.keys import JobKeys
 from rljob.weights import EncodedDelta, WeightPublisher, WeightReader, store
 from rljob.weights.apply import apply_stream
 from rljob.weights.checksum import bf16_bits, format_sum
-from rljob.weights.encoding import Changes, encode_changes, find_changes, from_ordered, to_ordered
+from rljob.weights.encoding import encode_changes, find_changes, from_ordered, merge_changes, to_ordered
 from rljob.weights.parallel import default_threads
 from rljob.weights.reader import verify_checksums
 
@@ -101,13 +101,8 @@ def nudge(bits: dict[str, np.ndarray], density: float, rng: np.random.Generator)
 def overwrite_only_bytes(old: list[np.ndarray], new: list[np.ndarray]) -> int:
     """Size of the version's one stream with pure overwrite values (no ulp coding)."""
     found = [find_changes(o, n) for o, n in zip(old, new, strict=True)]
-    offsets = np.cumsum([0] + [o.size for o in old])
-    merged = Changes(
-        np.concatenate([c.positions + offset for c, offset in zip(found, offsets, strict=False)]),
-        np.concatenate([c.old for c in found]),
-        np.concatenate([c.new for c in found]),
-    )
-    return encode_changes(merged, int(offsets[-1]), overwrite_only=True).nbytes
+    merged, numel = merge_changes(found, [o.size for o in old])
+    return encode_changes(merged, numel, overwrite_only=True).nbytes
 
 
 def as_tensors(bits: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:

@@ -8,7 +8,7 @@ import torch
 
 from rljob.weights.apply import apply_stream, gather_bits, scatter_bits
 from rljob.weights.checksum import bf16_bits, change_sum
-from rljob.weights.encoding import Changes, DeltaFormatError, EncodedDelta, encode_changes, find_changes
+from rljob.weights.encoding import Changes, DeltaFormatError, EncodedDelta, encode_changes, find_changes, merge_changes
 from rljob.weights.parallel import TensorPool
 
 SHAPES = [(7, 5), (0,), (1,), (300,), (), (64, 33)]
@@ -19,14 +19,7 @@ def random_bits(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def merged(olds: list[np.ndarray], news: list[np.ndarray]) -> tuple[Changes, int]:
-    found = [find_changes(o, n) for o, n in zip(olds, news, strict=True)]
-    offsets = np.cumsum([0] + [o.size for o in olds])
-    changes = Changes(
-        np.concatenate([c.positions + off for c, off in zip(found, offsets, strict=False)]),
-        np.concatenate([c.old for c in found]),
-        np.concatenate([c.new for c in found]),
-    )
-    return changes, int(offsets[-1])
+    return merge_changes([find_changes(o, n) for o, n in zip(olds, news, strict=True)], [o.size for o in olds])
 
 
 def as_tensor(bits: np.ndarray, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from rljob.config import ModelSpec
-from rljob.engines.base import Completion, GenerationEngine, SyncOutcome, TurnParams
+from rljob.engines.base import Completion, GenerationEngine, TurnParams
 
 
 def load_engine(
@@ -23,4 +23,4 @@ def load_engine(
     raise ValueError(f"unknown engine {engine!r}; expected 'hf' or 'vllm'")
 
 
-__all__ = ["Completion", "GenerationEngine", "SyncOutcome", "TurnParams", "load_engine"]
+__all__ = ["Completion", "GenerationEngine", "TurnParams", "load_engine"]

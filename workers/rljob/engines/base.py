@@ -12,8 +12,10 @@ log softmax(logits) at T = 1. The trainer divides its logits by the same tempera
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+from rljob.weights.reader import SyncResult
 
 
 @dataclass(frozen=True)
@@ -39,15 +41,7 @@ class Completion:
 class WeightSyncer(Protocol):
     """What the engines need from the weight store's reader (rljob.weights.WeightReader)."""
 
-    def sync(self, target: Any) -> Any: ...
-
-
-@dataclass
-class SyncOutcome:
-    version: int
-    changed: list[str] = field(default_factory=list)
-    bytes_fetched: int = 0
-    took_full: bool = False
+    def sync(self, target: Any) -> SyncResult: ...
 
 
 class GenerationEngine(abc.ABC):
@@ -61,18 +55,8 @@ class GenerationEngine(abc.ABC):
         """Generate one turn for each context (one batched pass over all of them)."""
 
     @abc.abstractmethod
-    def sync_weights(self, reader: WeightSyncer) -> SyncOutcome:
+    def sync_weights(self, reader: WeightSyncer) -> SyncResult:
         """Bring the served weights to the store's latest version; sets `policy_version`."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free accelerator memory."""
-
-
-def outcome_from(result: Any) -> SyncOutcome:
-    """The reader's SyncResult (any object with the same fields) as a SyncOutcome."""
-    return SyncOutcome(
-        version=int(result.version),
-        changed=list(getattr(result, "changed", []) or []),
-        bytes_fetched=int(getattr(result, "bytes_fetched", 0) or 0),
-        took_full=bool(getattr(result, "took_full", False)),
-    )

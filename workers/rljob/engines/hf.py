@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 from rljob.config import ModelSpec
-from rljob.engines.base import Completion, GenerationEngine, SyncOutcome, TurnParams, WeightSyncer, outcome_from
+from rljob.engines.base import Completion, GenerationEngine, TurnParams, WeightSyncer
 from rljob.engines.models import load_model, load_tokenizer
+from rljob.weights.reader import SyncResult
 
 _STOP_TAIL_TOKENS = 16  # stop strings are short: a tail this long always contains a fresh match
 
@@ -195,8 +196,8 @@ class HFEngine(GenerationEngine):
             return "length", None
         return None, None
 
-    def sync_weights(self, reader: WeightSyncer) -> SyncOutcome:
-        outcome = outcome_from(reader.sync(self.model))
+    def sync_weights(self, reader: WeightSyncer) -> SyncResult:
+        outcome = reader.sync(self.model)
         if outcome.version != self.policy_version or outcome.changed:
             self._state = None  # keys/values computed by the old weights are stale
         self.policy_version = outcome.version

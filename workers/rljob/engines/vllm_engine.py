@@ -20,8 +20,9 @@ from typing import Any
 import torch
 
 from rljob.config import ModelSpec
-from rljob.engines.base import Completion, GenerationEngine, SyncOutcome, TurnParams, WeightSyncer, outcome_from
+from rljob.engines.base import Completion, GenerationEngine, TurnParams, WeightSyncer
 from rljob.engines.models import load_model, model_source
+from rljob.weights.reader import SyncResult
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +111,9 @@ class VLLMEngine(GenerationEngine):
             del cpu_model
         return self._shadow
 
-    def sync_weights(self, reader: WeightSyncer) -> SyncOutcome:
+    def sync_weights(self, reader: WeightSyncer) -> SyncResult:
         shadow = self._shadow_weights()
-        outcome = outcome_from(reader.sync(shadow))
+        outcome = reader.sync(shadow)
         if outcome.changed:
             weights = [(name, shadow[name]) for name in outcome.changed]
             self.llm.collective_rpc(_load_weights_in_worker, args=(weights,))

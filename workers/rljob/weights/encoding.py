@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -503,6 +503,19 @@ def find_changes(old_bits: np.ndarray, new_bits: np.ndarray | BlockSource, *, ad
     if len(found) == 1:
         return Changes(*found[0])
     return Changes(*(np.concatenate(parts) for parts in zip(*found, strict=True)))
+
+
+def merge_changes(parts: Sequence[Changes], sizes: Sequence[int]) -> tuple[Changes, int]:
+    """The changes of several flat arrays laid end to end (`sizes` elements each) as one, with
+    positions counted from the first element of the first array; and the total element count."""
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    merged = Changes(
+        np.concatenate([c.positions + offset for c, offset in zip(parts, offsets, strict=False)]),
+        np.concatenate([c.old for c in parts]),
+        np.concatenate([c.new for c in parts]),
+    )
+    return merged, int(offsets[-1])
 
 
 def changed_positions(old_bits: np.ndarray, new_bits: np.ndarray) -> np.ndarray:

@@ -39,7 +39,7 @@ from rljob.keys import JobKeys
 from rljob.weights import store
 from rljob.weights.apply import named_tensors
 from rljob.weights.checksum import bf16_bits, bits_checksum, change_sum, format_sum
-from rljob.weights.encoding import BlockSource, Changes, EncodedDelta, encode_changes, find_changes
+from rljob.weights.encoding import BlockSource, Changes, EncodedDelta, encode_changes, find_changes, merge_changes
 from rljob.weights.gcpause import gc_paused
 from rljob.weights.manifest import Manifest, TensorEntry
 from rljob.weights.parallel import TensorPool
@@ -154,8 +154,9 @@ class WeightPublisher:
         latest = store.latest_version(self.client, self.keys)
         if latest is not None:
             shadow: dict[str, torch.Tensor] = {}
+            reader = WeightReader(self.client, self.keys, threads=self._pool.threads)
             try:
-                result = WeightReader(self.client, self.keys).sync(shadow)
+                result = reader.sync(shadow)
             except WeightStoreError as exc:
                 # The stored chain is unreadable: continue the numbering, start over with a full.
                 log.warning("weight publisher could not read version %d back (%s); next is a full", latest, exc)
@@ -165,6 +166,8 @@ class WeightPublisher:
                 self._shapes = {name: tuple(t.shape) for name, t in shadow.items()}
                 self._last = store.read_manifests(self.client, self.keys, [result.version])[0][0]
                 log.info("weight publisher resumed at version %d (%s)", result.version, self._last.kind)
+            finally:
+                reader.close()  # a one-off reader: do not leave its threads behind
         self._resumed = True
         return self.latest_version
 
@@ -290,16 +293,11 @@ class WeightPublisher:
         order = sorted(names, key=lambda name: -tensors[name].numel())
         found = dict(zip(order, self._pool.map(lambda n: self._find_one(n, tensors[n], windows.get(n)), order),
                          strict=True))  # fmt: skip
-        offsets = np.cumsum([0] + [tensors[name].numel() for name in names])
         changes = [found[name][0] for name in names]
-        merged = Changes(
-            np.concatenate([c.positions + offset for c, offset in zip(changes, offsets, strict=False)]),
-            np.concatenate([c.old for c in changes]),
-            np.concatenate([c.new for c in changes]),
-        )
+        merged, numel = merge_changes(changes, [tensors[name].numel() for name in names])
         stream, total = self._pool.map(
             lambda job: job(),
-            [lambda: encode_changes(merged, int(offsets[-1]), overwrite_only=self.overwrite_only),
+            [lambda: encode_changes(merged, numel, overwrite_only=self.overwrite_only),
              lambda: change_sum(merged.positions, merged.old, merged.new)],
         )  # fmt: skip
         return VersionDelta(
