@@ -56,9 +56,9 @@ _MIN_ZLIB_SAVING = 0.03
 _ZLIB_LEVEL = 6
 # Above this many ulp, a raw overwrite may be smaller than the Rice-coded step: try both.
 _ULP_RAW_THRESHOLD = 1 << 12
-# Elements compared per block in `find_changes`: its bf16 copy and bool scratch stay in L2, and
-# blocks are large enough that per-call overhead (held under the GIL) does not stop two threads
-# from doubling the speed (measured: 1M elements 156 ms vs 256K 191 ms for the model, 2 threads).
+# Elements compared per block in `find_changes`: large enough that per-call overhead (held under
+# the GIL) weighs less when two threads share the pass (benchmarks/bench_weight_pass.py: 195 ms
+# with 1M-element blocks vs 234 ms with 256K for the model's pass on 2 threads).
 _COMPARE_BLOCK = 1 << 20
 _U64 = np.uint64
 
@@ -336,7 +336,7 @@ def rice_pack(values: np.ndarray, k: int) -> tuple[bytes, bytes]:
 
 
 def _terminators(unary: bytes, count: int) -> np.ndarray:
-    # Viewed as bool, the 0/1 bytes take numpy's fast nonzero path (6x the uint8 one).
+    # Viewed as bool, the 0/1 bytes take numpy's fast nonzero path (5x the uint8 one, benchmarks/bench_weight_pass.py).
     terminators = np.flatnonzero(np.unpackbits(np.frombuffer(unary, dtype=np.uint8)).view(np.bool_))[:count]
     if terminators.size != count:
         raise DeltaFormatError(f"rice stream holds {terminators.size} values, expected {count}")

@@ -1,0 +1,86 @@
+"""Where the publisher's time goes: its one pass over the model, on 1 and 2 threads.
+
+The delta path's floor is the pass that finds the changed bf16 values: cast the fp32 masters to
+bf16 and compare them with the published baseline. This measures, on SmolLM2-135M-Instruct with 1%
+of the values changed: the cast alone, the whole find pass (cast, compare, positions, gathers) with
+256K- and 1M-element blocks, on 1 and 2 threads; and numpy's nonzero on unpacked bits read as
+uint8 vs bool (the reader's unary decoding). Best of `--reps`. Writes docs/results/weight_pass.json.
+  python benchmarks/bench_weight_pass.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+
+import numpy as np
+import torch
+from _common import finish, progress
+from bench_weight_delta import as_fp32, load_weights, nudge
+
+from rljob.weights import encoding, publisher
+from rljob.weights.checksum import bf16_bits
+from rljob.weights.parallel import TensorPool
+
+
+def best_of(reps: int, run, prepare=lambda: None) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        prepare()
+        started = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    weights = load_weights()
+    shapes = {name: tuple(t.shape) for name, t in weights.items()}
+    bits = {name: bf16_bits(t).copy() for name, t in weights.items()}
+    source = as_fp32(nudge(bits, 0.01, np.random.default_rng(0)), shapes)
+    order = sorted(source, key=lambda name: -source[name].numel())
+    pub = publisher.WeightPublisher.__new__(publisher.WeightPublisher)  # only its cast-and-find helpers
+    pub._local = threading.local()
+    summary: dict = {"numel": sum(b.size for b in bits.values()), "density": 0.01, "reps": args.reps, "rows": []}
+
+    def reset_baseline() -> None:
+        pub._baseline = {name: b.copy() for name, b in bits.items()}
+
+    def cast_only(name: str) -> None:
+        cast, numel = pub._new_bits(source[name]), source[name].numel()
+        for start in range(0, numel, publisher._CAST_BLOCK):
+            cast(start, min(start + publisher._CAST_BLOCK, numel))
+
+    saved = encoding._COMPARE_BLOCK, publisher._CAST_BLOCK
+    try:
+        for threads in (1, 2):
+            pool = TensorPool(threads)
+            for block in (1 << 18, 1 << 20):
+                encoding._COMPARE_BLOCK = publisher._CAST_BLOCK = block
+                cast = best_of(args.reps, lambda p=pool: p.map(cast_only, order), reset_baseline)
+                find = best_of(args.reps, lambda p=pool: p.map(lambda n: pub._find_one(n, source[n], None), order),
+                               reset_baseline)  # fmt: skip
+                row = {"threads": threads, "block": block, "cast_s": cast, "find_s": find}
+                summary["rows"].append(row)
+                progress(f"threads {threads} block {block >> 10}K: cast alone {cast * 1e3:.0f} ms, "
+                         f"find pass {find * 1e3:.0f} ms")  # fmt: skip
+            pool.close()
+    finally:
+        encoding._COMPARE_BLOCK, publisher._CAST_BLOCK = saved
+
+    packed = np.packbits(np.random.default_rng(1).random(8_000_000) < 0.5)
+    as_uint8 = best_of(10, lambda: np.flatnonzero(np.unpackbits(packed)))
+    as_bool = best_of(10, lambda: np.flatnonzero(np.unpackbits(packed).view(np.bool_)))
+    summary["nonzero_8M_unpacked_bits"] = {"uint8_s": as_uint8, "bool_s": as_bool, "speedup": as_uint8 / as_bool}
+    progress(f"nonzero of 8M unpacked bits: uint8 {as_uint8 * 1e3:.1f} ms, bool {as_bool * 1e3:.1f} ms "
+             f"({as_uint8 / as_bool:.1f}x)")  # fmt: skip
+    finish("weight_pass", summary)
+
+
+if __name__ == "__main__":
+    main()
