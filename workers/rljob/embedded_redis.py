@@ -59,6 +59,10 @@ class EmbeddedRedis:
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> EmbeddedRedis:
+        """Start the server; a no-op while it runs (``with EmbeddedRedis().start()`` would
+        otherwise leave the first process running, unowned)."""
+        if self.process is not None and self.process.poll() is None:
+            return self
         args = [
             find_redis_server(),
             "--bind", "127.0.0.1",
