@@ -3,8 +3,10 @@
 The delta path's floor is the pass that finds the changed bf16 values: cast the fp32 masters to
 bf16 and compare them with the published baseline. This measures, on SmolLM2-135M-Instruct with 1%
 of the values changed: the cast alone, the whole find pass (cast, compare, positions, gathers) with
-256K- and 1M-element blocks, on 1 and 2 threads; and numpy's nonzero on unpacked bits read as
-uint8 vs bool (the reader's unary decoding). Best of `--reps`. Writes docs/results/weight_pass.json.
+256K- and 1M-element blocks, on 1 and 2 threads; the same pass in torch (`find_changes_torch`, the
+path GPU trainers take) on the CPU, and on CUDA when there is a GPU; and numpy's nonzero on
+unpacked bits read as uint8 vs bool (the reader's unary decoding). Best of `--reps`. Writes
+docs/results/weight_pass.json.
   python benchmarks/bench_weight_pass.py
 """
 
@@ -21,6 +23,7 @@ from bench_weight_delta import as_fp32, load_weights, nudge
 
 from rljob.weights import encoding, publisher
 from rljob.weights.checksum import bf16_bits
+from rljob.weights.device_find import device_baseline, find_changes_torch
 from rljob.weights.parallel import TensorPool
 
 
@@ -45,7 +48,7 @@ def main() -> None:
     source = as_fp32(nudge(bits, 0.01, np.random.default_rng(0)), shapes)
     order = sorted(source, key=lambda name: -source[name].numel())
     pub = publisher.WeightPublisher.__new__(publisher.WeightPublisher)  # only its cast-and-find helpers
-    pub._local = threading.local()
+    pub._local, pub.find_on, pub._mirrors = threading.local(), "host", {}
     summary: dict = {"numel": sum(b.size for b in bits.values()), "density": 0.01, "reps": args.reps, "rows": []}
 
     def reset_baseline() -> None:
@@ -72,6 +75,25 @@ def main() -> None:
             pool.close()
     finally:
         encoding._COMPARE_BLOCK, publisher._CAST_BLOCK = saved
+
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        on = {name: t.to(device) for name, t in source.items()}
+        mirrors: dict[str, torch.Tensor] = {}
+
+        def reset_mirrors(device=device, mirrors=mirrors) -> None:
+            mirrors.update({name: device_baseline(b, torch.device(device)) for name, b in bits.items()})
+
+        def torch_pass(on=on, mirrors=mirrors, device=device) -> None:
+            for name in order:
+                find_changes_torch(mirrors[name], on[name])
+            if device == "cuda":
+                torch.cuda.synchronize()
+
+        seconds = best_of(args.reps, torch_pass, reset_mirrors)
+        summary["rows"].append({"threads": 1, "block": "torch", "device": device, "find_s": seconds})
+        progress(f"torch find pass (the GPU path) on {device}: {seconds * 1e3:.1f} ms")
+        del on, mirrors
 
     packed = np.packbits(np.random.default_rng(1).random(8_000_000) < 0.5)
     as_uint8 = best_of(10, lambda: np.flatnonzero(np.unpackbits(packed)))

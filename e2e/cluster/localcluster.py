@@ -84,8 +84,16 @@ def make_pki(pki: Path) -> None:
     _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
 
 
-def write_kubeconfig(path: Path, server: str, ca: Path, *, cert: Path | None = None,
-                     key: Path | None = None, token: str | None = None, user: str = "admin") -> Path:
+def write_kubeconfig(
+    path: Path,
+    server: str,
+    ca: Path,
+    *,
+    cert: Path | None = None,
+    key: Path | None = None,
+    token: str | None = None,
+    user: str = "admin",
+) -> Path:
     """A kubeconfig with one cluster, one user (client cert or bearer token) and one context."""
     user_entry: dict[str, str] = {}
     if cert and key:
@@ -126,15 +134,15 @@ class LocalCluster:
         return env
 
     # -- commands -------------------------------------------------------------------------------
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
-                timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
         return self._run([str(self.bin_dir / "kubectl"), *args], input, check, timeout)
 
     def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return self._run([str(self.bin_dir / "helm"), *args], None, check, timeout)
 
-    def _run(self, cmd: list[str], input: str | None, check: bool,
-             timeout: float) -> subprocess.CompletedProcess[str]:
+    def _run(self, cmd: list[str], input: str | None, check: bool, timeout: float) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(cmd, input=input, capture_output=True, text=True, env=self.env, timeout=timeout)
         if check and result.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd[:4])}... failed ({result.returncode}):\n{result.stderr}{result.stdout}")
@@ -144,15 +152,23 @@ class LocalCluster:
         """A kubeconfig that authenticates as a ServiceAccount through a TokenRequest."""
         token = self.kubectl("create", "token", name, "-n", namespace, f"--duration={duration}").stdout.strip()
         path = self.workdir / f"sa-{namespace}-{name}.kubeconfig"
-        return write_kubeconfig(path, self.server, self.workdir / "pki" / "ca.crt", token=token,
-                                user=f"system:serviceaccount:{namespace}:{name}")
+        return write_kubeconfig(
+            path,
+            self.server,
+            self.workdir / "pki" / "ca.crt",
+            token=token,
+            user=f"system:serviceaccount:{namespace}:{name}",
+        )
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _spawn(self, name: str, args: list[str]) -> None:
         logfile = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - handed to the child
         self.processes[name] = subprocess.Popen(
-            [str(self.bin_dir / args[0]), *args[1:]], stdout=logfile, stderr=subprocess.STDOUT,
-            start_new_session=True, cwd=self.workdir,
+            [str(self.bin_dir / args[0]), *args[1:]],
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=self.workdir,
         )
         logfile.close()
 
@@ -228,8 +244,10 @@ class LocalCluster:
             "--node-ip=127.0.0.1", "--node-lease-duration-seconds=40",
         ])  # fmt: skip
         self.kubectl("apply", "-f", "-", input=self.render_nodes())
-        self._wait("default ServiceAccount", lambda: self.kubectl(
-            "get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0)
+        self._wait(
+            "default ServiceAccount",
+            lambda: self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0,
+        )
         self._wait("fake nodes Ready", self._nodes_ready)
         log(f"cluster up in {time.monotonic() - started:.1f}s; KUBECONFIG={self.kubeconfig}")
         return self
@@ -237,8 +255,12 @@ class LocalCluster:
     def render_nodes(self) -> str:
         items = []
         for i in range(self.nodes.count):
-            capacity = {"cpu": self.nodes.cpu, "memory": self.nodes.memory, "pods": str(self.nodes.pods),
-                        "nvidia.com/gpu": str(self.nodes.gpus)}
+            capacity = {
+                "cpu": self.nodes.cpu,
+                "memory": self.nodes.memory,
+                "pods": str(self.nodes.pods),
+                "nvidia.com/gpu": str(self.nodes.gpus),
+            }
             items.append({
                 "apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": f"kwok-gpu-{i}", "annotations": {"kwok.x-k8s.io/node": "fake"},

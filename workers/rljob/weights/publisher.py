@@ -12,12 +12,13 @@ what readers actually hold, and versions continue at latest + 1.
 
 Cost of a delta: one pass over the model (fp32 -> bf16 cast, fused per tensor into one reused
 buffer, and a compare with the baseline; a CPU bf16 input is compared in place), spread per tensor
-over a small thread pool, then work in proportion to the changed values only: the changes of all
-tensors are encoded as one stream (format 3: a few numpy calls for the whole model instead of a
-hundred per tensor), with one change sum, and the baseline is updated in place. SHA-256 covers
-1/`check_versions` of the model per delta (a window that rotates with the version number), so
-every value is checked end to end at least every `check_versions` versions, at a fixed small cost
-per version.
+over a small thread pool; weights on a GPU are compared there, against a device copy of the
+baseline, and only their changes come to the host (`device_find`). Then work in proportion to
+the changed values only: the changes of all tensors are encoded as one stream (format 3: a few
+numpy calls for the whole model instead of a hundred per tensor), with one change sum, and the
+baseline is updated in place. SHA-256 covers 1/`check_versions` of the model per delta (a window
+that rotates with the version number), so every value is checked end to end at least every
+`check_versions` versions, at a fixed small cost per version.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from rljob.keys import JobKeys
 from rljob.weights import store
 from rljob.weights.apply import named_tensors
 from rljob.weights.checksum import bf16_bits, bits_checksum, change_sum, format_sum
+from rljob.weights.device_find import device_baseline, find_changes_torch, mirror_fits
 from rljob.weights.encoding import BlockSource, Changes, EncodedDelta, encode_changes, find_changes, merge_changes
 from rljob.weights.gcpause import gc_paused
 from rljob.weights.manifest import Manifest, TensorEntry
@@ -98,6 +100,7 @@ class WeightPublisher:
         overwrite_only: bool = False,
         check_versions: int = 16,
         threads: int | None = None,
+        find_on: Literal["auto", "host", "tensor"] = "auto",
     ) -> None:
         if rebase_interval < 1 or rebase_fraction <= 0 or chunk_bytes < 1 or check_versions < 1:
             raise ValueError(
@@ -105,6 +108,8 @@ class WeightPublisher:
             )
         if mode not in ("delta", "full"):
             raise ValueError(f"mode must be 'delta' or 'full', got {mode!r}")
+        if find_on not in ("auto", "host", "tensor"):
+            raise ValueError(f"find_on must be 'auto', 'host' or 'tensor', got {find_on!r}")
         self.client = redis_client
         self.keys = keys
         self.rebase_interval = rebase_interval
@@ -113,9 +118,15 @@ class WeightPublisher:
         self.mode = mode
         self.overwrite_only = overwrite_only
         self.check_versions = check_versions
+        # Where the changes are found: "auto" on the weights' accelerator when a baseline copy fits
+        # there (`device_find`), on the host for CPU weights; "host" always on the host; "tensor"
+        # always in torch on the weights' device (the GPU code path, which tests run on the CPU).
+        self.find_on = find_on
         self._resumed = False
         # The bf16 patterns last published, owned here and advanced in place by each delta.
         self._baseline: dict[str, np.ndarray] | None = None
+        # Device copies of baseline tensors (find_on != "host"), advanced with it; None: keep on host.
+        self._mirrors: dict[str, torch.Tensor | None] = {}
         self._pool = TensorPool(threads, "weight-encode")
         self._local = threading.local()  # per-thread reused cast buffer
         self._shapes: dict[str, tuple[int, ...]] = {}
@@ -150,7 +161,8 @@ class WeightPublisher:
         """
         store.drop_orphans(self.client, self.keys)
         store.apply_retention(self.client, self.keys)
-        self._baseline, self._shapes, self._last = None, {}, None
+        self._set_baseline(None)
+        self._shapes, self._last = {}, None
         latest = store.latest_version(self.client, self.keys)
         if latest is not None:
             shadow: dict[str, torch.Tensor] = {}
@@ -162,7 +174,7 @@ class WeightPublisher:
                 log.warning("weight publisher could not read version %d back (%s); next is a full", latest, exc)
                 self._last = store.read_manifests(self.client, self.keys, [latest])[0][0]
             else:
-                self._baseline = {name: bf16_bits(t).copy() for name, t in shadow.items()}
+                self._set_baseline({name: bf16_bits(t).copy() for name, t in shadow.items()})
                 self._shapes = {name: tuple(t.shape) for name, t in shadow.items()}
                 self._last = store.read_manifests(self.client, self.keys, [result.version])[0][0]
                 log.info("weight publisher resumed at version %d (%s)", result.version, self._last.kind)
@@ -223,7 +235,8 @@ class WeightPublisher:
         started = time.perf_counter()
         manifest.chunks = store.write_chunks(self.client, self.keys, version, payload, self.chunk_bytes)
         manifest_bytes = store.commit(self.client, self.keys, manifest)
-        self._baseline, self._shapes, self._last = bits, shapes, manifest
+        self._set_baseline(bits)
+        self._shapes, self._last = shapes, manifest
         if manifest.kind == "full":
             self.client.delete(self.keys.weights_rebase)
             store.apply_retention(self.client, self.keys)
@@ -272,12 +285,38 @@ class WeightPublisher:
             scratch = self._local.scratch = np.empty(n, dtype=np.uint16)
         return scratch[:n]
 
+    def _set_baseline(self, bits: dict[str, np.ndarray] | None) -> None:
+        """Replace the baseline; device copies of a replaced one are dropped (a delta advances the
+        baseline in place, and its copies with it)."""
+        if bits is not self._baseline:
+            self._mirrors = {}
+        self._baseline = bits
+
+    def _mirror(self, name: str, tensor: torch.Tensor) -> torch.Tensor | None:
+        """The device copy of `name`'s baseline to find changes against, made on first use; None
+        where changes are found on the host (CPU weights under "auto", or no room on the device)."""
+        if self.find_on == "host" or (self.find_on == "auto" and tensor.device.type == "cpu"):
+            return None
+        if name not in self._mirrors:
+            assert self._baseline is not None
+            base = self._baseline[name]
+            fits = self.find_on == "tensor" or mirror_fits(tensor.device, base.nbytes)
+            self._mirrors[name] = device_baseline(base, tensor.device) if fits else None
+            if not fits:
+                log.warning("no room on %s for the baseline of %s: found on the host", tensor.device, name)
+        return self._mirrors[name]
+
     def _find_one(self, name: str, tensor: torch.Tensor, window: tuple[int, int] | None) -> tuple[Changes, str]:
         """One tensor: its changes against the baseline, written into it on the way, and the
         SHA-256 of its check window of the advanced baseline (empty without a window)."""
         assert self._baseline is not None
         base = self._baseline[name]
-        changes = find_changes(base, self._new_bits(tensor), advance=True)
+        mirror = self._mirror(name, tensor)
+        if mirror is None:
+            changes = find_changes(base, self._new_bits(tensor), advance=True)
+        else:
+            changes = find_changes_torch(mirror, tensor)
+            base[changes.positions] = changes.new  # the host baseline follows the device copy
         return changes, bits_checksum(base[window[0] : window[1]]) if window else ""
 
     def _encode_and_advance(
