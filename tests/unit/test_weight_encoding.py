@@ -327,3 +327,20 @@ def test_position_codec_follows_density():
     assert chosen[0.1].positions == "rice"  # clearly smaller there
     for enc in chosen.values():
         assert enc.nbytes / enc.count < 3.0
+
+
+def test_change_sum_keeps_its_definition_and_offsets_positions():
+    """The sum is a contract between publisher and reader versions: check it against the formula
+    in plain Python integers, and that `offset` equals shifting every position."""
+    from rljob.weights.checksum import _VALUE_HASH
+
+    rng = np.random.default_rng(5)
+    positions = np.sort(rng.choice(1 << 40, size=1000, replace=False)).astype(np.int64)
+    old = rng.integers(0, 2**16, size=1000, dtype=np.uint32).astype(np.uint16)
+    new = rng.integers(0, 2**16, size=1000, dtype=np.uint32).astype(np.uint16)
+    table = [int(v) for v in _VALUE_HASH]
+    reference = sum((2 * int(p) + 1) * (table[n] - table[o]) for p, o, n in zip(positions, old, new, strict=True))
+    assert change_sum(positions, old, new) == reference % 2**64
+    assert change_sum(positions, old, new, offset=12345) == change_sum(positions + 12345, old, new)
+    small = positions >> 12  # < 2**31: the same sum from int32 positions
+    assert change_sum(small.astype(np.int32), old, new) == change_sum(small, old, new)

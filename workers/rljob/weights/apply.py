@@ -26,6 +26,7 @@ from rljob.weights.encoding import (
 from rljob.weights.parallel import TensorPool
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
+_MASK64 = (1 << 64) - 1
 
 
 def named_tensors(source: Mapping[str, torch.Tensor] | torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -153,23 +154,25 @@ def apply_stream(
             raise ValueError(f"the delta stream changes tensor {i}, which has no target")
         if target.numel() != sizes[i]:
             raise ValueError(f"tensor {i} has {target.numel()} elements, the delta stream {sizes[i]}")
-    local = {i: positions[a:b] - offsets[i] for i, a, b in parts}
+    for i, a, b in parts:  # positions local to each tensor, in place (no copy of the whole list)
+        positions[a:b] -= offsets[i]
     old = np.empty(positions.size, dtype=np.uint16)
 
     def gather(part: tuple[int, int, int]) -> None:
         i, a, b = part
-        old[a:b] = gather_bits(tensors[i], local[i])
+        old[a:b] = gather_bits(tensors[i], positions[a:b])
 
     run = (pool or TensorPool(1)).map
     run(gather, parts)
     new = decode_values(enc, old if needs_old_values(enc) else None)
 
-    def scatter(part: tuple[int, int, int]) -> None:
+    def scatter(part: tuple[int, int, int]) -> int:
         i, a, b = part
-        scatter_bits(tensors[i], local[i], new[a:b])
+        scatter_bits(tensors[i], positions[a:b], new[a:b])
+        return change_sum(positions[a:b], old[a:b], new[a:b], offset=int(offsets[i]))
 
-    run(scatter, parts)
-    return change_sum(positions, old, new), [i for i, _, _ in parts]
+    total = sum(run(scatter, parts)) & _MASK64
+    return total, [i for i, _, _ in parts]
 
 
 def write_full(tensor: torch.Tensor, values: torch.Tensor) -> None:

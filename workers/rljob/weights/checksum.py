@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 _U64 = np.uint64
+_MASK64 = (1 << 64) - 1
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -42,18 +43,21 @@ _VALUE_HASH = _splitmix64(np.arange(1 << 16, dtype=_U64) + _U64(0x5EED_0000))
 _VALUE_HASH.setflags(write=False)
 
 
-def change_sum(positions: np.ndarray, old: np.ndarray, new: np.ndarray) -> int:
-    """sum_i (2 p_i + 1) * (T[new_i] - T[old_i]) mod 2^64 over changed positions p_i (any superset
-    of the changed positions gives the same sum: unchanged elements contribute zero)."""
+def change_sum(positions: np.ndarray, old: np.ndarray, new: np.ndarray, offset: int = 0) -> int:
+    """sum_i (2 (p_i + offset) + 1) * (T[new_i] - T[old_i]) mod 2^64 over changed positions p_i
+    (any superset of the changed positions gives the same sum: unchanged elements contribute zero).
+
+    `offset` is added to every position, so a caller holding positions local to a tensor gets the
+    sum of their model-wide positions without shifting them. Computed as 2 * dot(d, p) +
+    (2 * offset + 1) * sum(d) with d = T[new] - T[old]: two passes instead of four.
+    """
     if positions.size == 0:
         return 0
     diff = _VALUE_HASH[np.asarray(new).view(np.uint16)]
     diff -= _VALUE_HASH[np.asarray(old).view(np.uint16)]
-    weights = positions.astype(_U64)
-    weights <<= _U64(1)
-    weights |= _U64(1)
-    diff *= weights
-    return int(diff.sum(dtype=_U64))
+    where = positions.view(_U64) if positions.dtype == np.int64 else positions.astype(_U64)
+    weighted = int(np.dot(diff, where))  # uint64 multiply-add wraps mod 2^64, as intended
+    return (2 * weighted + (2 * offset + 1) * int(diff.sum(dtype=_U64))) & _MASK64
 
 
 def format_sum(value: int) -> str:
