@@ -61,6 +61,8 @@ _ULP_RAW_THRESHOLD = 1 << 12
 # with 1M-element blocks vs 234 ms with 256K for the model's pass on 2 threads).
 _COMPARE_BLOCK = 1 << 20
 _U64 = np.uint64
+# best_rice_k looks at about this many values (each candidate k costs a pass over them).
+_RICE_K_SAMPLE = 1 << 18
 
 
 class DeltaFormatError(ValueError):
@@ -287,6 +289,8 @@ def best_rice_k(values: np.ndarray) -> int:
     """
     if values.size == 0:
         return 0
+    if values.size > _RICE_K_SAMPLE:  # choosing k needs only the distribution: a strided sample
+        values = values[:: values.size // _RICE_K_SAMPLE]
     total = int(values.sum())
     guess = max(0, int(np.log2(total / values.size * 0.69 + 1.0)))
     candidates = [k for k in _FAST_WIDTHS if guess - 1 <= k <= guess + 2]
@@ -346,8 +350,11 @@ def rice_pack(values: np.ndarray, k: int) -> tuple[bytes, bytes]:
     """Rice-code non-negative integers: (unary quotient bit stream, k-bit remainders)."""
     if values.size == 0:
         return b"", b""
-    terminators = np.cumsum(values >> k)
-    terminators += np.arange(values.size)
+    # The i-th terminator sits at sum_{j <= i} (quotient_j + 1) - 1.
+    terminators = values >> k
+    terminators += 1
+    np.cumsum(terminators, out=terminators)
+    terminators -= 1
     bits = np.zeros(int(terminators[-1]) + 1, dtype=np.uint8)
     bits[terminators] = 1
     return np.packbits(bits).tobytes(), pack_fixed(values & ((1 << k) - 1), k)
