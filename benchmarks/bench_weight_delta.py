@@ -53,6 +53,7 @@ DENSITIES = [0.001, 0.005, 0.01, 0.03, 0.10]
 PLAIN_BYTES_PER_CHANGE = 6  # int32 position + bf16 value
 CHUNK_BYTES = 16 * 1024 * 1024
 WEIGHT_THREADS = 1  # threads of each publisher and reader (set from --weight-threads)
+FIND_ON = "auto"  # where delta publishers find changes (set from --find-on)
 SOURCES = {
     "fp32": "fp32 tensors holding bf16 values (the publisher casts every version)",
     "bf16": "bf16 tensors (no cast)",
@@ -285,13 +286,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--weight-threads", type=int, default=default_threads(),
                         help="threads of each publisher and reader (default: the usable cores)")  # fmt: skip
+    parser.add_argument("--device", default="cpu",
+                        help="where the trainer's masters and the readers' shadows live (e.g. cuda: the publisher "
+                             "then finds changes on the GPU and readers apply on it)")  # fmt: skip
+    parser.add_argument("--find-on", choices=["auto", "host", "tensor"], default="auto",
+                        help="publisher's find pass: auto (GPU weights on the GPU, CPU weights in numpy), host, "
+                             "or tensor (the torch/GPU code path, also on CPU weights)")  # fmt: skip
     parser.add_argument("--source", choices=["fp32", "bf16"], default="fp32",
                         help="what the sweep publishes from: fp32 masters (a trainer) or bf16 tensors")  # fmt: skip
     args = parser.parse_args(argv)
-    as_source = as_fp32 if args.source == "fp32" else as_tensors
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
+
+    def as_source(bits: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+        made = (as_fp32 if args.source == "fp32" else as_tensors)(bits, shapes)
+        return made if device.type == "cpu" else {n: t.to(device) for n, t in made.items()}
+
     torch.set_num_threads(args.threads)
-    global WEIGHT_THREADS
-    WEIGHT_THREADS = args.weight_threads
+    global WEIGHT_THREADS, FIND_ON
+    WEIGHT_THREADS, FIND_ON = args.weight_threads, args.find_on
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     steps = 0 if args.quick else args.steps
     reps = 1 if args.quick else args.reps
@@ -304,8 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     client.config_set("client-output-buffer-limit", "normal 0 0 0")
     try:
         log("loading SmolLM2-135M-Instruct (fp32, converted from the GGUF once and cached) ...")
-        model = None if args.quick else load_model()
-        named = load_weights() if model is None else dict(model.named_parameters())
+        model = None if args.quick else load_model().to(device)
+        named = (
+            {n: t.to(device) for n, t in load_weights().items()} if model is None else dict(model.named_parameters())
+        )
         numel = sum(p.numel() for p in named.values())
         log(f"  {len(named)} tensors, {numel / 1e6:.1f}M parameters, bf16 size {numel * 2 / 1e6:.0f} MB")
         shadows = [bf16_shadow(named) for _ in range(1 if args.quick else 5)]
@@ -322,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         # 1. Real optimizer steps (fp32 masters, the trainer's path).
         if model is not None:
             keys = JobKeys("bench", "adamw")
-            publisher = WeightPublisher(client, keys, rebase_interval=1000, rebase_fraction=4.0,
+            publisher = WeightPublisher(client, keys, rebase_interval=1000, rebase_fraction=4.0, find_on=FIND_ON,
                                         chunk_bytes=CHUNK_BYTES, threads=WEIGHT_THREADS)  # fmt: skip
             full_bytes = publisher.publish(named).payload_bytes
             one, four = Readers(client, keys, shadows[:1]), Readers(client, keys, shadows[1:])
@@ -333,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"real steps: AdamW lr 1e-6, random-token LM loss, {steps} step(s)")
             for step in range(steps):
                 base = {n: t.clone() for n, t in shadows[0].items()}
-                ids = torch.randint(0, model.config.vocab_size, (2, 64), generator=gen)
+                ids = torch.randint(0, model.config.vocab_size, (2, 64), generator=gen).to(device)
                 started = time.perf_counter()
                 model(input_ids=ids, labels=ids).loss.backward()
                 optimizer.step()
@@ -367,8 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         sub_shadows = [{n: s[n] for n in sweep_names} for s in shadows]
         while len(sub_shadows) < 5:  # --quick: extra readers only for the slice
             sub_shadows.append({n: shadows[0][n].clone() for n in sweep_names})
-        spub = WeightPublisher(client, skeys, rebase_interval=1000, rebase_fraction=100.0, chunk_bytes=CHUNK_BYTES,
-                               threads=WEIGHT_THREADS)  # fmt: skip
+        spub = WeightPublisher(client, skeys, rebase_interval=1000, rebase_fraction=100.0, find_on=FIND_ON,
+                               chunk_bytes=CHUNK_BYTES, threads=WEIGHT_THREADS)  # fmt: skip
         sfull = spub.publish(as_source(bits, shapes)).payload_bytes
         full_bytes = full_bytes or sfull
         sone, sfour = Readers(client, skeys, sub_shadows[:1]), Readers(client, skeys, sub_shadows[1:])
@@ -434,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
         "sweep_numel": sweep_numel,
         "sweep_source": SOURCES[args.source],
         "full_bytes": full_bytes,
+        "device": str(device),
+        "find_on": args.find_on,
         "threads": args.threads,
         "weight_threads": args.weight_threads,
         "reps": reps,
