@@ -28,6 +28,10 @@ round-trip). The ulp codings need the reader to hold exactly the base version, w
 checks guarantee; a publisher that wants pure overwrites sets ``overwrite_only``.
 Byte-oriented streams (raw planes, ulp bytes, bitmask) may be zlib-compressed when that makes them
 smaller; Rice streams are already near their entropy and never are (zlib was most of encode time).
+zlib runs with its run-length strategy: these planes have runs and skewed byte frequencies but
+few longer repeats, so it is as small as level 6's string matching, or smaller, at a fifth of the
+time or less (2.3 s -> 0.6 s to encode the first AdamW step of SmolLM2; a unit test checks the
+size against level 6).
 
 Speed: encoding and decoding are a fixed, small number of numpy passes over the *changed* values.
 The only pass over all values is `find_changes`, which compares in cache-sized blocks.
@@ -53,7 +57,7 @@ _RICE_OVER_EF = 0.85
 
 # A stream is only kept compressed when zlib saves at least this fraction; decompression is not free.
 _MIN_ZLIB_SAVING = 0.03
-_ZLIB_LEVEL = 6
+_ZLIB_LEVEL = 1  # with Z_RLE the level hardly matters: there is no string matching to tune
 # Above this many ulp, a raw overwrite may be smaller than the Rice-coded step: try both.
 _ULP_RAW_THRESHOLD = 1 << 12
 # Elements compared per block in `find_changes`: large enough that per-call overhead (held under
@@ -456,7 +460,8 @@ def _join_planes(buf: bytes, count: int) -> np.ndarray:
 def _maybe_zip(stream: bytes) -> tuple[bytes, bool]:
     if len(stream) < 64:
         return stream, False
-    packed = zlib.compress(stream, _ZLIB_LEVEL)
+    compressor = zlib.compressobj(_ZLIB_LEVEL, zlib.DEFLATED, 15, 9, zlib.Z_RLE)
+    packed = compressor.compress(stream) + compressor.flush()
     if len(packed) <= len(stream) * (1.0 - _MIN_ZLIB_SAVING):
         return packed, True
     return stream, False
