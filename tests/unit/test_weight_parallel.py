@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from rljob.weights.parallel import TensorPool, cgroup_cpu_limit, default_threads
+from rljob.weights.parallel import TensorPool, balanced_batches, cgroup_cpu_limit, default_threads
 
 
 def test_pool_maps_in_order_on_several_threads():
@@ -23,6 +23,28 @@ def test_pool_maps_in_order_on_several_threads():
     finally:
         pool.close()
     assert any(name.startswith("weights") for name in seen)
+
+
+def test_items_run_in_a_few_contiguous_batches_of_about_equal_cost():
+    items = list(range(272))
+    batches = balanced_batches(items, lambda x: 1000 if x == 0 else 1 + x % 7, 8)
+    assert [x for batch in batches for x in batch] == items, "contiguous and in order"
+    assert len(batches) <= 8 and batches[0] == [0], "the one heavy item is a batch of its own"
+    costs = [sum(1 + x % 7 for x in batch) for batch in batches[1:]]
+    assert max(costs) <= 2.5 * min(costs)
+    assert balanced_batches([1, 2, 3], None, 8) == [[1], [2], [3]]
+    # One pool task per batch, not per item.
+    pool = TensorPool(2)
+    try:
+        assert pool.map(lambda x: x + 1, items, cost=lambda x: 1) == [x + 1 for x in items]  # starts the pool
+        executor = pool._pool
+        submitted: list[int] = []
+        real = executor.map
+        executor.map = lambda fn, batches: (submitted.append(len(batches)), real(fn, batches))[1]
+        assert pool.map(lambda x: -x, items) == [-x for x in items]
+        assert submitted == [8]
+    finally:
+        pool.close()
 
 
 def test_pool_reraises_the_first_error_and_runs_inline_with_one_thread():

@@ -163,7 +163,7 @@ def apply_stream(
         old[a:b] = gather_bits(tensors[i], positions[a:b])
 
     run = (pool or TensorPool(1)).map
-    run(gather, parts)
+    run(gather, parts, cost=lambda part: part[2] - part[1])
     new = decode_values(enc, old if needs_old_values(enc) else None)
 
     def scatter(part: tuple[int, int, int]) -> int:
@@ -171,7 +171,7 @@ def apply_stream(
         scatter_bits(tensors[i], positions[a:b], new[a:b])
         return change_sum(positions[a:b], old[a:b], new[a:b], offset=int(offsets[i]))
 
-    total = sum(run(scatter, parts)) & _MASK64
+    total = sum(run(scatter, parts, cost=lambda part: part[2] - part[1])) & _MASK64
     return total, [i for i, _, _ in parts]
 
 

@@ -44,6 +44,33 @@ def default_threads() -> int:
     return max(1, min(8, cores))
 
 
+# Batches per thread in `TensorPool.map`: a few, so a thread that drew cheap ones takes another.
+_BATCHES_PER_THREAD = 4
+
+
+def balanced_batches(items: list[T], cost: Callable[[T], float] | None, batches: int) -> list[list[T]]:
+    """`items` cut into at most `batches` contiguous runs of about equal total cost (order kept).
+
+    Each run closes once it holds its share of what is left, so one heavy item makes a run of its
+    own and the rest split evenly.
+    """
+    if len(items) <= batches:
+        return [[x] for x in items]
+    weights = [float(cost(x)) if cost else 1.0 for x in items]
+    out: list[list[T]] = []
+    run: list[T] = []
+    left, runs_left, in_run = sum(weights), batches, 0.0
+    for x, weight in zip(items, weights, strict=True):
+        run.append(x)
+        in_run += weight
+        if runs_left > 1 and in_run >= left / runs_left:
+            out.append(run)
+            left, runs_left, run, in_run = left - in_run, runs_left - 1, [], 0.0
+    if run:
+        out.append(run)
+    return out
+
+
 class TensorPool:
     """`map` over tensors on `threads` threads (in the caller's thread when 1). Started lazily."""
 
@@ -54,14 +81,21 @@ class TensorPool:
         self._name = name
         self._pool: ThreadPoolExecutor | None = None
 
-    def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
-        """`[fn(x) for x in items]`, in order; the first exception raised is re-raised here."""
+    def map(self, fn: Callable[[T], R], items: Iterable[T], cost: Callable[[T], float] | None = None) -> list[R]:
+        """`[fn(x) for x in items]`, in order; the first exception raised is re-raised here.
+
+        Items run in contiguous batches, a few per thread, of about equal total `cost` (default:
+        equal counts): a pool task costs tens of microseconds, so one task per tensor (272 for
+        SmolLM2) took 16 ms per map on two threads, a tenth of a whole 1% delta.
+        """
         items = list(items)
         if self.threads == 1 or len(items) < 2:
             return [fn(x) for x in items]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=self._name)
-        return list(self._pool.map(fn, items))
+        batches = balanced_batches(items, cost, self.threads * _BATCHES_PER_THREAD)
+        done = self._pool.map(lambda batch: [fn(x) for x in batch], batches)
+        return [result for batch in done for result in batch]
 
     def close(self) -> None:
         if self._pool is not None:

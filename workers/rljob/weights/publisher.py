@@ -330,8 +330,9 @@ class WeightPublisher:
         """
         names = list(tensors)
         order = sorted(names, key=lambda name: -tensors[name].numel())
-        found = dict(zip(order, self._pool.map(lambda n: self._find_one(n, tensors[n], windows.get(n)), order),
-                         strict=True))  # fmt: skip
+        found = self._pool.map(lambda n: self._find_one(n, tensors[n], windows.get(n)), order,
+                               cost=lambda n: tensors[n].numel())  # fmt: skip
+        found = dict(zip(order, found, strict=True))
         changes = [found[name][0] for name in names]
         merged, numel = merge_changes(changes, [tensors[name].numel() for name in names])
         stream, total = self._pool.map(
@@ -386,7 +387,7 @@ class WeightPublisher:
             for name, flat in bits.items()
         }
         payload = safetensors.torch.save(as_bf16)
-        checksums = self._pool.map(bits_checksum, bits.values())
+        checksums = self._pool.map(bits_checksum, bits.values(), cost=lambda flat: flat.size)
         entries = [
             TensorEntry(name=name, shape=list(shapes[name]), checksum=checksum)
             for name, checksum in zip(bits, checksums, strict=True)

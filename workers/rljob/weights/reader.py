@@ -283,7 +283,7 @@ class WeightReader:
                 )
 
         # Largest first, for an even split over the threads.
-        self._pool.map(apply, sorted(entries, key=lambda entry: -entry.changed))
+        self._pool.map(apply, sorted(entries, key=lambda entry: -entry.changed), cost=lambda entry: entry.changed)
         self._verify(tensors, manifest, [entry.name for entry in manifest.tensors if entry.checksum])
         return [entry.name for entry in entries]
 
@@ -321,4 +321,8 @@ def verify_checksums(
                 f"manifest says {entry.checksum}"
             )
 
-    (pool or TensorPool(1)).map(check, names)
+    def size(name: str) -> int:
+        window = entries[name].check_range
+        return window[1] - window[0] if window is not None else tensors[name].numel()
+
+    (pool or TensorPool(1)).map(check, names, cost=size)
