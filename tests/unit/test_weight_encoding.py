@@ -359,3 +359,19 @@ def test_run_length_zlib_is_as_small_as_level_6_on_wide_ulp_steps():
     packed, zipped = _maybe_zip(planes)
     assert zipped and len(packed) <= 1.01 * len(zlib.compress(planes, 6))
     assert _unzip(packed, True, len(planes)) == planes
+
+
+def test_change_sum_of_parts_equals_the_sum_over_model_wide_positions():
+    from rljob.weights.checksum import change_sum_of_parts
+
+    rng = np.random.default_rng(6)
+    sizes = [5, 1, 40, 7, 300]
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    local = [np.sort(rng.choice(n, size=max(1, n // 3), replace=False)).astype(np.int64) for n in sizes]
+    starts = np.concatenate([[0], np.cumsum([p.size for p in local])[:-1]])
+    positions = np.concatenate(local)
+    old = rng.integers(0, 2**16, size=positions.size, dtype=np.uint32).astype(np.uint16)
+    new = rng.integers(0, 2**16, size=positions.size, dtype=np.uint32).astype(np.uint16)
+    model_wide = np.concatenate([p + o for p, o in zip(local, offsets, strict=True)])
+    assert change_sum_of_parts(positions, old, new, starts, offsets) == change_sum(model_wide, old, new)
+    assert change_sum_of_parts(positions[:0], old[:0], new[:0], starts[:0], offsets[:0]) == 0

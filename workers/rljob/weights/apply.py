@@ -15,7 +15,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 import numpy as np
 import torch
 
-from rljob.weights.checksum import change_sum
+from rljob.weights.checksum import change_sum, change_sum_of_parts
 from rljob.weights.encoding import (
     DeltaFormatError,
     EncodedDelta,
@@ -26,7 +26,6 @@ from rljob.weights.encoding import (
 from rljob.weights.parallel import TensorPool
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
-_MASK64 = (1 << 64) - 1
 
 
 def named_tensors(source: Mapping[str, torch.Tensor] | torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -166,13 +165,14 @@ def apply_stream(
     run(gather, parts, cost=lambda part: part[2] - part[1])
     new = decode_values(enc, old if needs_old_values(enc) else None)
 
-    def scatter(part: tuple[int, int, int]) -> int:
+    def scatter(part: tuple[int, int, int]) -> None:
         i, a, b = part
         scatter_bits(tensors[i], positions[a:b], new[a:b])
-        return change_sum(positions[a:b], old[a:b], new[a:b], offset=int(offsets[i]))
 
-    total = sum(run(scatter, parts, cost=lambda part: part[2] - part[1])) & _MASK64
-    return total, [i for i, _, _ in parts]
+    run(scatter, parts, cost=lambda part: part[2] - part[1])
+    starts = np.array([a for _, a, _ in parts], dtype=np.intp)
+    part_offsets = np.array([offsets[i] for i, _, _ in parts], dtype=np.int64)
+    return change_sum_of_parts(positions, old, new, starts, part_offsets), [i for i, _, _ in parts]
 
 
 def write_full(tensor: torch.Tensor, values: torch.Tensor) -> None:

@@ -60,6 +60,24 @@ def change_sum(positions: np.ndarray, old: np.ndarray, new: np.ndarray, offset: 
     return (2 * weighted + (2 * offset + 1) * int(diff.sum(dtype=_U64))) & _MASK64
 
 
+def change_sum_of_parts(
+    positions: np.ndarray, old: np.ndarray, new: np.ndarray, starts: np.ndarray, offsets: np.ndarray
+) -> int:
+    """`change_sum` of changes held as consecutive parts with positions local to each part: part k
+    starts at index `starts[k]` (starts[0] == 0) and its positions are offset by `offsets[k]`.
+    The same sum as `change_sum(positions + offset of each part, old, new)`, in a handful of numpy
+    calls for all parts together."""
+    if positions.size == 0:
+        return 0
+    diff = _VALUE_HASH[np.asarray(new).view(np.uint16)]
+    diff -= _VALUE_HASH[np.asarray(old).view(np.uint16)]
+    where = positions.view(_U64) if positions.dtype == np.int64 else positions.astype(_U64)
+    weighted = int(np.dot(diff, where))
+    per_part = np.add.reduceat(diff, np.asarray(starts, dtype=np.intp))
+    shifts = np.asarray(offsets, dtype=np.int64).astype(_U64) * _U64(2) + _U64(1)
+    return (2 * weighted + int(np.dot(per_part, shifts))) & _MASK64
+
+
 def format_sum(value: int) -> str:
     return f"{value & 0xFFFFFFFFFFFFFFFF:016x}"
 
