@@ -62,7 +62,7 @@ _ZLIB_LEVEL = 1  # with Z_RLE the level hardly matters: there is no string match
 _ULP_RAW_THRESHOLD = 1 << 12
 # Elements compared per block in `find_changes`: large enough that per-call overhead (held under
 # the GIL) weighs less when two threads share the pass (benchmarks/bench_weight_pass.py, 2 threads:
-# 138 ms per model pass with 1M-element blocks vs 196 ms with 256K, docs/results/weight_pass.json).
+# 136-141 ms per model pass with 1M-element blocks vs 166-196 ms with 256K over three runs).
 _COMPARE_BLOCK = 1 << 20
 _U64 = np.uint64
 # best_rice_k looks at about this many values (each candidate k costs a pass over them).
