@@ -6,8 +6,9 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$repo/scripts/setup.sh" --cluster
 cd "$repo"
-echo "== ruff check"
+echo "== ruff check, ruff format --check"
 ruff check .
+ruff format --check .
 echo "== pytest"
 set +e
 python -m pytest -p no:cacheprovider --timeout=900 "$@"
