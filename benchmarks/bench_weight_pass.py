@@ -40,6 +40,7 @@ def best_of(reps: int, run, prepare=lambda: None) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--results", default=None, help="folder for weight_pass.json (default docs/results)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     weights = load_weights()
@@ -101,7 +102,7 @@ def main() -> None:
     summary["nonzero_8M_unpacked_bits"] = {"uint8_s": as_uint8, "bool_s": as_bool, "speedup": as_uint8 / as_bool}
     progress(f"nonzero of 8M unpacked bits: uint8 {as_uint8 * 1e3:.1f} ms, bool {as_bool * 1e3:.1f} ms "
              f"({as_uint8 / as_bool:.1f}x)")  # fmt: skip
-    finish("weight_pass", summary)
+    finish("weight_pass", summary, args.results)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,39 @@
+"""The weight benchmarks still run end to end (their numbers live in docs/results and are made by
+hand; this only keeps the scripts from rotting as the store's API moves). --quick takes ~12 s."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_benchmark(script: str, *args: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / script), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])  # the JSON summary is the last line
+
+
+def test_weight_delta_quick_through_the_torch_find_path(tmp_path):
+    summary = run_benchmark("bench_weight_delta.py", "--quick", "--find-on", "tensor", "--out", str(tmp_path / "wd"))
+    assert summary["find_on"] == "tensor" and summary["device"] == "cpu"
+    targets = summary["targets"]
+    assert targets["lossless_every_version"]
+    assert targets["bytes_per_change_target_2.5_met"]
+    assert (tmp_path / "wd.png").stat().st_size > 0 and (tmp_path / "wd.json").exists()
+
+
+def test_weight_pass_runs(tmp_path):
+    summary = run_benchmark("bench_weight_pass.py", "--reps", "1", "--results", str(tmp_path))
+    assert (tmp_path / "weight_pass.json").exists()
+    devices = {row.get("device") for row in summary["rows"]}
+    assert "cpu" in devices and all(row["find_s"] > 0 for row in summary["rows"])
