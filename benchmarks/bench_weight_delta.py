@@ -43,7 +43,7 @@ import torch
 from rljob.embedded_redis import EmbeddedRedis
 from rljob.keys import JobKeys
 from rljob.weights import EncodedDelta, WeightPublisher, WeightReader, store
-from rljob.weights.apply import apply_stream
+from rljob.weights.apply import apply_delta, apply_stream
 from rljob.weights.checksum import bf16_bits, format_sum
 from rljob.weights.encoding import (
     encode_changes,
@@ -61,6 +61,7 @@ PLAIN_BYTES_PER_CHANGE = 6  # int32 position + bf16 value
 CHUNK_BYTES = 16 * 1024 * 1024
 WEIGHT_THREADS = 1  # threads of each publisher and reader (set from --weight-threads)
 FIND_ON = "auto"  # where delta publishers find changes (set from --find-on)
+CODING = "version"  # one stream per version or per tensor (set from --coding)
 SOURCES = {
     "fp32": "fp32 tensors holding bf16 values (the publisher casts every version)",
     "bf16": "bf16 tensors (no cast)",
@@ -162,10 +163,17 @@ def decode_apply_seconds(
     payload = store.read_payload(client, manifest)
     targets = {n: t.clone() for n, t in base.items()}
     started, cpu = time.perf_counter(), time.thread_time()
-    enc = EncodedDelta.from_meta(manifest.stream, payload)
-    sizes = [math.prod(entry.shape) for entry in manifest.tensors]
-    total, _ = apply_stream([targets[entry.name] for entry in manifest.tensors], sizes, enc)  # one thread
-    assert format_sum(total) == manifest.change_sum
+    if manifest.stream is not None:
+        enc = EncodedDelta.from_meta(manifest.stream, payload)
+        sizes = [math.prod(entry.shape) for entry in manifest.tensors]
+        total, _ = apply_stream([targets[entry.name] for entry in manifest.tensors], sizes, enc)  # one thread
+        assert format_sum(total) == manifest.change_sum
+    else:  # coding "tensor": one stream per changed tensor
+        view = memoryview(payload)
+        for entry in manifest.tensors:
+            if entry.encoding is not None:
+                enc = EncodedDelta.from_meta(entry.encoding, view[entry.offset : entry.offset + entry.length])
+                assert format_sum(apply_delta(targets[entry.name], enc)) == entry.change_sum
     decode_seconds, decode_cpu = time.perf_counter() - started, time.thread_time() - cpu
     started = time.perf_counter()
     verify_checksums(targets, manifest, [entry.name for entry in manifest.tensors if entry.checksum])
@@ -302,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu",
                         help="where the trainer's masters and the readers' shadows live (e.g. cuda: the publisher "
                              "then finds changes on the GPU and readers apply on it)")  # fmt: skip
+    parser.add_argument("--coding", choices=["version", "tensor"], default="version",
+                        help="delta coding: one stream per version (default) or each tensor alone")  # fmt: skip
     parser.add_argument("--find-on", choices=["auto", "host", "tensor"], default="auto",
                         help="publisher's find pass: auto (GPU weights on the GPU, CPU weights in numpy), host, "
                              "or tensor (the torch/GPU code path, also on CPU weights)")  # fmt: skip
@@ -317,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         return made if device.type == "cpu" else {n: t.to(device) for n, t in made.items()}
 
     torch.set_num_threads(args.threads)
-    global WEIGHT_THREADS, FIND_ON
-    WEIGHT_THREADS, FIND_ON = args.weight_threads, args.find_on
+    global WEIGHT_THREADS, FIND_ON, CODING
+    WEIGHT_THREADS, FIND_ON, CODING = args.weight_threads, args.find_on, args.coding
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     steps = 0 if args.quick else args.steps
     reps = 1 if args.quick else args.reps
@@ -352,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         if model is not None:
             keys = JobKeys("bench", "adamw")
             publisher = WeightPublisher(client, keys, rebase_interval=1000, rebase_fraction=4.0, find_on=FIND_ON,
-                                        chunk_bytes=CHUNK_BYTES, threads=WEIGHT_THREADS)  # fmt: skip
+                                        coding=CODING, chunk_bytes=CHUNK_BYTES, threads=WEIGHT_THREADS)  # fmt: skip
             full_bytes = publisher.publish(named).payload_bytes
             one, four = Readers(client, keys, shadows[:1]), Readers(client, keys, shadows[1:])
             one.sync()
@@ -400,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         while len(sub_shadows) < 5:  # --quick: extra readers only for the slice
             sub_shadows.append({n: shadows[0][n].clone() for n in sweep_names})
         spub = WeightPublisher(client, skeys, rebase_interval=1000, rebase_fraction=100.0, find_on=FIND_ON,
-                               chunk_bytes=CHUNK_BYTES, threads=WEIGHT_THREADS)  # fmt: skip
+                               coding=CODING, chunk_bytes=CHUNK_BYTES, threads=WEIGHT_THREADS)  # fmt: skip
         sfull = spub.publish(as_source(bits, shapes)).payload_bytes
         full_bytes = full_bytes or sfull
         sone, sfour = Readers(client, skeys, sub_shadows[:1]), Readers(client, skeys, sub_shadows[1:])
@@ -471,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         "full_bytes": full_bytes,
         "device": str(device),
         "find_on": args.find_on,
+        "coding": args.coding,
         "threads": args.threads,
         "weight_threads": args.weight_threads,
         "reps": reps,

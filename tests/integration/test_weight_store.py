@@ -517,3 +517,45 @@ def test_a_manifest_from_a_newer_publisher_gives_a_clear_error(redis_client):
     redis_client.set(KEYS.weights_manifest(0), b"{not json")
     with pytest.raises(store.ManifestFormatError, match="manifest of weight version 0 is invalid"):
         WeightReader(redis_client, KEYS).sync({})
+
+
+def test_per_tensor_coding_writes_each_tensors_smallest_stream_and_readers_match(redis_client):
+    """coding="tensor": one stream per changed tensor, each the smallest `encode_changes` finds for
+    that tensor alone, with its own change sum; readers end bit-exact, as with one stream."""
+    from rljob.weights.encoding import encode_changes
+
+    trainer = Trainer(lr=1e-3)
+    keys = JobKeys("test", "per-tensor")
+    publisher = WeightPublisher(redis_client, keys, rebase_interval=10, rebase_fraction=4.0, chunk_bytes=4096,
+                                coding="tensor")  # fmt: skip
+    shadows: list[dict[str, torch.Tensor]] = [{}, {}]
+    readers = [WeightReader(redis_client, keys) for _ in shadows]
+    before = trainer.bits()
+    publisher.publish(trainer.model)
+    for step in range(3):
+        trainer.step()
+        if step == 1:
+            with torch.no_grad():  # one tensor changes a lot more than the others
+                trainer.model.model.norm.weight.mul_(1.5)
+        after = trainer.bits()
+        result = publisher.publish(trainer.model)
+        assert result.kind == "delta"
+        manifest = store.read_manifests(redis_client, keys, [result.version])[0][0]
+        assert manifest.stream is None and manifest.change_sum is None
+        payload = store.read_payload(redis_client, manifest)
+        for entry in manifest.tensors:
+            changes = find_changes(before[entry.name].copy(), after[entry.name])
+            assert entry.changed == changes.count
+            if not changes.count:
+                assert entry.encoding is None and entry.length == 0
+                continue
+            expected = encode_changes(changes, before[entry.name].size)
+            assert entry.encoding == expected.meta(), entry.name
+            assert payload[entry.offset : entry.offset + entry.length] == expected.payload()
+            assert entry.change_sum == format_sum(change_sum(changes.positions, changes.old, changes.new))
+        for reader, shadow in zip(readers, shadows, strict=True):
+            reader.sync(shadow)
+            assert_holds(shadow, after)
+        before = after
+    with pytest.raises(ValueError, match="coding"):
+        WeightPublisher(redis_client, keys, rebase_interval=2, rebase_fraction=1.0, chunk_bytes=64, coding="model")

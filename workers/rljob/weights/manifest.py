@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 # 3: a delta is one encoded stream over all tensors laid end to end in manifest order (`stream`,
 #    with one `change_sum`), instead of one stream per tensor: a version costs a few numpy calls
-#    per tensor rather than a hundred.
+#    per tensor rather than a hundred. A publisher with coding "tensor" still writes one stream
+#    per tensor (`stream` None, per-entry `encoding` and `change_sum`, as format 2).
 # 2: deltas carry `change_sum` and SHA-256 only over a rotating `check_range` (format 1: whole
 #    tensors, every version). A reader of format 3 reads formats 1 and 2 too.
 MANIFEST_FORMAT = 3

@@ -24,6 +24,7 @@ that rotates with the version number), so every value is checked end to end at l
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Mapping
@@ -56,13 +57,32 @@ _CAST_BLOCK = 1 << 20
 
 @dataclass
 class VersionDelta:
-    """A version's change: one stream over all tensors, its change sum, per-tensor counts and
-    window checksums."""
+    """A version's change: one stream over all tensors and its change sum (coding "version"), or
+    one stream and change sum per changed tensor (coding "tensor"); per-tensor counts and window
+    checksums."""
 
-    stream: EncodedDelta
+    stream: EncodedDelta | None
     change_sum: int
     changed: dict[str, int]
     checksums: dict[str, str]
+    per_tensor: dict[str, tuple[EncodedDelta, int]] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        if self.stream is not None:
+            return self.stream.nbytes
+        return sum(enc.nbytes for enc, _ in self.per_tensor.values())
+
+    @property
+    def count(self) -> int:
+        return sum(self.changed.values())
+
+    def encodings(self) -> dict[str, int]:
+        """Encoding name -> streams using it."""
+        if self.stream is not None:
+            return {self.stream.encoding: 1}
+        names = [enc.encoding for enc, _ in self.per_tensor.values()]
+        return {name: names.count(name) for name in sorted(set(names))}
 
 
 @dataclass
@@ -101,6 +121,7 @@ class WeightPublisher:
         check_versions: int = 16,
         threads: int | None = None,
         find_on: Literal["auto", "host", "tensor"] = "auto",
+        coding: Literal["version", "tensor"] = "version",
     ) -> None:
         if rebase_interval < 1 or rebase_fraction <= 0 or chunk_bytes < 1 or check_versions < 1:
             raise ValueError(
@@ -108,6 +129,8 @@ class WeightPublisher:
             )
         if mode not in ("delta", "full"):
             raise ValueError(f"mode must be 'delta' or 'full', got {mode!r}")
+        if coding not in ("version", "tensor"):
+            raise ValueError(f"coding must be 'version' or 'tensor', got {coding!r}")
         if find_on not in ("auto", "host", "tensor"):
             raise ValueError(f"find_on must be 'auto', 'host' or 'tensor', got {find_on!r}")
         self.client = redis_client
@@ -122,6 +145,9 @@ class WeightPublisher:
         # there (`device_find`), on the host for CPU weights; "host" always on the host; "tensor"
         # always in torch on the weights' device (the GPU code path, which tests run on the CPU).
         self.find_on = find_on
+        # "version": one stream over the whole model (format 3, fastest); "tensor": each tensor
+        # coded alone with its own smallest coding (smaller where densities differ by tensor).
+        self.coding = coding
         self._resumed = False
         # The bf16 patterns last published, owned here and advanced in place by each delta.
         self._baseline: dict[str, np.ndarray] | None = None
@@ -142,6 +168,7 @@ class WeightPublisher:
             rebase_fraction=spec.rebase_fraction,
             chunk_bytes=spec.chunk_bytes,
             mode=spec.mode,
+            coding=spec.coding,
         )
 
     @property
@@ -213,13 +240,13 @@ class WeightPublisher:
             windows = self._check_windows(version, {name: tensor.numel() for name, tensor in tensors.items()})
             delta = self._encode_and_advance(tensors, windows)  # the baseline now holds this version
             assert self._last is not None
-            chain_bytes = (self._last.chain_bytes if self._last.kind == "delta" else 0) + delta.stream.nbytes
+            chain_bytes = (self._last.chain_bytes if self._last.kind == "delta" else 0) + delta.nbytes
             if chain_bytes > self.rebase_fraction * self._last.full_bytes:
                 reason = f"delta chain {chain_bytes} B > {self.rebase_fraction} x full {self._last.full_bytes} B"
         if reason:
             if delta is not None:
                 assert self._baseline is not None
-                bits, changed = self._baseline, delta.stream.count
+                bits, changed = self._baseline, delta.count
             else:
                 bits = {name: _owned_bits(tensor) for name, tensor in tensors.items()}
                 changed = 0
@@ -242,7 +269,7 @@ class WeightPublisher:
             store.apply_retention(self.client, self.keys)
         write_seconds = time.perf_counter() - started
 
-        encodings = {delta.stream.encoding: 1} if delta is not None and not reason else {}
+        encodings = delta.encodings() if delta is not None and not reason else {}
         return PublishResult(
             version=version,
             kind=manifest.kind,
@@ -322,11 +349,13 @@ class WeightPublisher:
     def _encode_and_advance(
         self, tensors: dict[str, torch.Tensor], windows: dict[str, tuple[int, int]]
     ) -> VersionDelta:
-        """The version's changes as one stream over all tensors laid end to end (model order).
+        """The version's changes as one stream over all tensors laid end to end (model order), or
+        with coding "tensor" one stream per changed tensor.
 
         Finding them is the pass over the model, per tensor on the pool's threads (numpy and
         torch release the GIL for the block work); largest first, for an even split. Encoding is
-        then a handful of numpy calls over the changes of the whole model, beside the change sum.
+        then a handful of numpy calls over the changes of the whole model, beside the change sum
+        (per tensor: about a hundred calls for each changed tensor, on the pool).
         """
         names = list(tensors)
         order = sorted(names, key=lambda name: -tensors[name].numel())
@@ -334,18 +363,25 @@ class WeightPublisher:
                                cost=lambda n: tensors[n].numel())  # fmt: skip
         found = dict(zip(order, found, strict=True))
         changes = [found[name][0] for name in names]
+        checksums = {name: found[name][1] for name in names if name in windows}
+        changed = {name: c.count for name, c in zip(names, changes, strict=True)}
+        if self.coding == "tensor":
+            touched = [(name, c) for name, c in zip(names, changes, strict=True) if c.count]
+            coded = self._pool.map(
+                lambda item: (encode_changes(item[1], tensors[item[0]].numel(), overwrite_only=self.overwrite_only),
+                              change_sum(item[1].positions, item[1].old, item[1].new)),
+                touched, cost=lambda item: item[1].count,
+            )  # fmt: skip
+            per_tensor = {name: result for (name, _), result in zip(touched, coded, strict=True)}
+            total = sum(s for _, s in per_tensor.values()) & ((1 << 64) - 1)
+            return VersionDelta(None, total, changed, checksums, per_tensor)
         merged, numel = merge_changes(changes, [tensors[name].numel() for name in names])
         stream, total = self._pool.map(
             lambda job: job(),
             [lambda: encode_changes(merged, numel, overwrite_only=self.overwrite_only),
              lambda: change_sum(merged.positions, merged.old, merged.new)],
         )  # fmt: skip
-        return VersionDelta(
-            stream=stream,
-            change_sum=total,
-            changed={name: c.count for name, c in zip(names, changes, strict=True)},
-            checksums={name: found[name][1] for name in names if name in windows},
-        )
+        return VersionDelta(stream=stream, change_sum=total, changed=changed, checksums=checksums)
 
     def close(self) -> None:
         """Stop the encoding threads (idempotent; a later publish starts them again)."""
@@ -421,7 +457,19 @@ class WeightPublisher:
             )
             for name, shape in shapes.items()
         ]
-        payload = delta.stream.payload()
+        if delta.stream is not None:
+            payload = delta.stream.payload()
+        else:  # one stream per changed tensor, laid end to end, each with its own change sum
+            parts, offset = [], 0
+            for entry in entries:
+                if entry.name in delta.per_tensor:
+                    enc, total = delta.per_tensor[entry.name]
+                    blob = enc.payload()
+                    entry.offset, entry.length, entry.encoding = offset, len(blob), enc.meta()
+                    entry.change_sum = format_sum(total)
+                    parts.append(blob)
+                    offset += len(blob)
+            payload = b"".join(parts)
         previous_chain = self._last.chain_bytes if self._last.kind == "delta" else 0
         manifest = Manifest(
             version=version,
@@ -432,12 +480,12 @@ class WeightPublisher:
             chain_bytes=previous_chain + len(payload),
             full_bytes=self._last.full_bytes,
             payload_bytes=len(payload),
-            numel=delta.stream.numel,
-            changed=delta.stream.count,
+            numel=sum(math.prod(shape) for shape in shapes.values()),
+            changed=delta.count,
             created_at=time.time(),
             chunks=[],
             tensors=entries,
-            stream=delta.stream.meta(),
-            change_sum=format_sum(delta.change_sum),
+            stream=delta.stream.meta() if delta.stream is not None else None,
+            change_sum=format_sum(delta.change_sum) if delta.stream is not None else None,
         )
         return payload, manifest
