@@ -65,65 +65,48 @@ def apply_delta(tensor: torch.Tensor, enc: EncodedDelta) -> int:
     if flat.numel() != enc.numel:
         raise ValueError(f"delta is for {enc.numel} elements, tensor has {flat.numel()}")
     positions = decode_positions(enc)
-    if flat.device.type == "cpu":
-        return _apply_cpu(flat, enc, positions)
-    dense = enc.positions == "dense"
-    index = None if dense else torch.from_numpy(positions).to(flat.device)
-    old = _bits_at(flat, index)
-    values = decode_values(enc, old if needs_old_values(enc) else None)
-    new = torch.from_numpy(values.view(np.int16)).view(torch.bfloat16).to(flat.device)
-    with torch.no_grad():
-        if dense:
-            flat.copy_(new)
-        elif flat.dtype == torch.bfloat16:
-            flat.view(torch.int16)[index] = new.view(torch.int16)
-        else:
-            flat[index] = new.to(flat.dtype)
-    return change_sum(positions, old, _bits_at(flat, index))
-
-
-def _apply_cpu(flat: torch.Tensor, enc: EncodedDelta, positions: np.ndarray) -> int:
-    """numpy gather/scatter on a view of the tensor's own memory (several times faster than torch's
-    advanced indexing on bf16). fp32 holds a bf16 value exactly as its upper 16 bits, lower zero."""
-    where = slice(None) if enc.positions == "dense" else positions
-    if flat.dtype == torch.bfloat16:
-        memory = flat.view(torch.int16).numpy().view(np.uint16)
-        old = memory[where].copy() if isinstance(where, slice) else memory[where]
-        new = decode_values(enc, old if needs_old_values(enc) else None)
-        memory[where] = new
-    else:
-        memory32 = flat.view(torch.int32).numpy().view(np.uint32)
-        old = (memory32[where] >> 16).astype(np.uint16)
-        new = decode_values(enc, old if needs_old_values(enc) else None)
-        memory32[where] = new.astype(np.uint32) << 16
+    where = None if enc.positions == "dense" else positions
+    old = gather_bits(tensor, where)
+    new = decode_values(enc, old if needs_old_values(enc) else None)
+    scatter_bits(tensor, where, new)
     return change_sum(positions, old, new)
 
 
-def gather_bits(tensor: torch.Tensor, positions: np.ndarray) -> np.ndarray:
-    """The bf16 patterns `tensor` holds at flat `positions` (uint16; fp32 targets: upper halves)."""
+def gather_bits(tensor: torch.Tensor, positions: np.ndarray | None) -> np.ndarray:
+    """The bf16 patterns `tensor` holds at flat `positions` (all when None), as a uint16 copy
+    (fp32 targets: upper halves). On the CPU, numpy indexing on a view of the tensor's memory
+    (several times faster than torch's advanced indexing on bf16)."""
     flat = _flat(tensor)
     if flat.device.type != "cpu":
-        return _bits_at(flat, torch.from_numpy(positions).to(flat.device))
+        return _bits_at(flat, None if positions is None else torch.from_numpy(positions).to(flat.device))
+    where = slice(None) if positions is None else positions
     if flat.dtype == torch.bfloat16:
-        return flat.view(torch.int16).numpy().view(np.uint16)[positions]
-    return (flat.view(torch.int32).numpy().view(np.uint32)[positions] >> 16).astype(np.uint16)
+        picked = flat.view(torch.int16).numpy().view(np.uint16)[where]
+        return picked.copy() if positions is None else picked
+    return (flat.view(torch.int32).numpy().view(np.uint32)[where] >> 16).astype(np.uint16)
 
 
-def scatter_bits(tensor: torch.Tensor, positions: np.ndarray, values: np.ndarray) -> None:
-    """Write bf16 patterns `values` at flat `positions` of `tensor`, in place."""
+def scatter_bits(tensor: torch.Tensor, positions: np.ndarray | None, values: np.ndarray) -> None:
+    """Write bf16 patterns `values` at flat `positions` of `tensor` (all when None), in place. An
+    fp32 target holds each bf16 value exactly: upper 16 bits, lower zero."""
     flat = _flat(tensor)
     if flat.device.type != "cpu":
-        index = torch.from_numpy(positions).to(flat.device)
         new = torch.from_numpy(values.view(np.int16)).view(torch.bfloat16).to(flat.device)
         with torch.no_grad():
+            if positions is None:
+                flat.copy_(new)
+                return
+            index = torch.from_numpy(positions).to(flat.device)
             if flat.dtype == torch.bfloat16:
                 flat.view(torch.int16)[index] = new.view(torch.int16)
             else:
                 flat[index] = new.to(flat.dtype)
-    elif flat.dtype == torch.bfloat16:
-        flat.view(torch.int16).numpy().view(np.uint16)[positions] = values
+        return
+    where = slice(None) if positions is None else positions
+    if flat.dtype == torch.bfloat16:
+        flat.view(torch.int16).numpy().view(np.uint16)[where] = values
     else:
-        flat.view(torch.int32).numpy().view(np.uint32)[positions] = values.astype(np.uint32) << 16
+        flat.view(torch.int32).numpy().view(np.uint32)[where] = values.astype(np.uint32) << 16
 
 
 def apply_stream(

@@ -48,16 +48,9 @@ def change_sum(positions: np.ndarray, old: np.ndarray, new: np.ndarray, offset: 
     (any superset of the changed positions gives the same sum: unchanged elements contribute zero).
 
     `offset` is added to every position, so a caller holding positions local to a tensor gets the
-    sum of their model-wide positions without shifting them. Computed as 2 * dot(d, p) +
-    (2 * offset + 1) * sum(d) with d = T[new] - T[old]: two passes instead of four.
+    sum of their model-wide positions without shifting them.
     """
-    if positions.size == 0:
-        return 0
-    diff = _VALUE_HASH[np.asarray(new).view(np.uint16)]
-    diff -= _VALUE_HASH[np.asarray(old).view(np.uint16)]
-    where = positions.view(_U64) if positions.dtype == np.int64 else positions.astype(_U64)
-    weighted = int(np.dot(diff, where))  # uint64 multiply-add wraps mod 2^64, as intended
-    return (2 * weighted + (2 * offset + 1) * int(diff.sum(dtype=_U64))) & _MASK64
+    return change_sum_of_parts(positions, old, new, np.zeros(1, dtype=np.intp), np.array([offset], dtype=np.int64))
 
 
 def change_sum_of_parts(
@@ -65,14 +58,16 @@ def change_sum_of_parts(
 ) -> int:
     """`change_sum` of changes held as consecutive parts with positions local to each part: part k
     starts at index `starts[k]` (starts[0] == 0) and its positions are offset by `offsets[k]`.
-    The same sum as `change_sum(positions + offset of each part, old, new)`, in a handful of numpy
-    calls for all parts together."""
+
+    Computed as 2 * dot(d, p) + sum_k (2 offset_k + 1) * (sum of d over part k), with
+    d = T[new] - T[old]: a handful of numpy calls for all parts together, not four passes per part.
+    """
     if positions.size == 0:
         return 0
     diff = _VALUE_HASH[np.asarray(new).view(np.uint16)]
     diff -= _VALUE_HASH[np.asarray(old).view(np.uint16)]
     where = positions.view(_U64) if positions.dtype == np.int64 else positions.astype(_U64)
-    weighted = int(np.dot(diff, where))
+    weighted = int(np.dot(diff, where))  # uint64 multiply-add wraps mod 2^64, as intended
     per_part = np.add.reduceat(diff, np.asarray(starts, dtype=np.intp))
     shifts = np.asarray(offsets, dtype=np.int64).astype(_U64) * _U64(2) + _U64(1)
     return (2 * weighted + int(np.dot(per_part, shifts))) & _MASK64

@@ -62,7 +62,7 @@ class VersionDelta:
     checksums."""
 
     stream: EncodedDelta | None
-    change_sum: int
+    change_sum: int | None  # of `stream`; None with per-tensor streams, which carry their own
     changed: dict[str, int]
     checksums: dict[str, str]
     per_tensor: dict[str, tuple[EncodedDelta, int]] = field(default_factory=dict)
@@ -373,8 +373,7 @@ class WeightPublisher:
                 touched, cost=lambda item: item[1].count,
             )  # fmt: skip
             per_tensor = {name: result for (name, _), result in zip(touched, coded, strict=True)}
-            total = sum(s for _, s in per_tensor.values()) & ((1 << 64) - 1)
-            return VersionDelta(None, total, changed, checksums, per_tensor)
+            return VersionDelta(None, None, changed, checksums, per_tensor)
         merged, numel = merge_changes(changes, [tensors[name].numel() for name in names])
         stream, total = self._pool.map(
             lambda job: job(),
@@ -486,6 +485,6 @@ class WeightPublisher:
             chunks=[],
             tensors=entries,
             stream=delta.stream.meta() if delta.stream is not None else None,
-            change_sum=format_sum(delta.change_sum) if delta.stream is not None else None,
+            change_sum=None if delta.change_sum is None else format_sum(delta.change_sum),
         )
         return payload, manifest

@@ -254,12 +254,7 @@ class WeightReader:
         enc = EncodedDelta.from_meta(manifest.stream, payload)
         sizes = [math.prod(entry.shape) for entry in entries]
         actual, touched = apply_stream([tensors.get(entry.name) for entry in entries], sizes, enc, self._pool)
-        if manifest.change_sum is not None and format_sum(actual) != manifest.change_sum:
-            raise ChecksumMismatchError(
-                f"weight version {manifest.version} changed by sum {format_sum(actual)}, manifest says "
-                f"{manifest.change_sum} (the target was not at version {manifest.base_version}, or the delta "
-                "decoded wrongly)"
-            )
+        _check_change_sum(manifest, "", actual, manifest.change_sum)
         self._verify(tensors, manifest, [entry.name for entry in entries if entry.checksum])
         return [entries[i].name for i in touched]
 
@@ -274,13 +269,7 @@ class WeightReader:
 
         def apply(entry: TensorEntry) -> None:
             enc = EncodedDelta.from_meta(entry.encoding, view[entry.offset : entry.offset + entry.length])
-            actual = format_sum(apply_delta(tensors[entry.name], enc))
-            if entry.change_sum is not None and actual != entry.change_sum:
-                raise ChecksumMismatchError(
-                    f"weight version {manifest.version}: {entry.name} changed by sum {actual}, manifest says "
-                    f"{entry.change_sum} (the target was not at version {manifest.base_version}, or the delta "
-                    "decoded wrongly)"
-                )
+            _check_change_sum(manifest, f": {entry.name}", apply_delta(tensors[entry.name], enc), entry.change_sum)
 
         # Largest first, for an even split over the threads.
         self._pool.map(apply, sorted(entries, key=lambda entry: -entry.changed), cost=lambda entry: entry.changed)
@@ -299,6 +288,16 @@ class WeightReader:
     def close(self) -> None:
         """Stop the apply threads (idempotent; a later sync starts them again)."""
         self._pool.close()
+
+
+def _check_change_sum(manifest: Manifest, what: str, actual: int, expected: str | None) -> None:
+    """The change sum of what a delta wrote (`what`: "" for the whole version, ": name" for one
+    tensor) against the manifest's; a mismatch means a target off its base or a wrong decode."""
+    if expected is not None and format_sum(actual) != expected:
+        raise ChecksumMismatchError(
+            f"weight version {manifest.version}{what} changed by sum {format_sum(actual)}, manifest says "
+            f"{expected} (the target was not at version {manifest.base_version}, or the delta decoded wrongly)"
+        )
 
 
 def verify_checksums(
