@@ -13,14 +13,15 @@ docs/results/weight_pass.json.
 from __future__ import annotations
 
 import argparse
-import threading
 import time
 
 import numpy as np
+import redis
 import torch
 from _common import finish, progress
 from bench_weight_delta import as_fp32, load_weights, nudge
 
+from rljob.keys import JobKeys
 from rljob.weights import encoding, publisher
 from rljob.weights.checksum import bf16_bits
 from rljob.weights.device_find import device_baseline, find_changes_torch
@@ -48,8 +49,10 @@ def main() -> None:
     bits = {name: bf16_bits(t).copy() for name, t in weights.items()}
     source = as_fp32(nudge(bits, 0.01, np.random.default_rng(0)), shapes)
     order = sorted(source, key=lambda name: -source[name].numel())
-    pub = publisher.WeightPublisher.__new__(publisher.WeightPublisher)  # only its cast-and-find helpers
-    pub._local, pub.find_on, pub._mirrors = threading.local(), "host", {}
+    # A real publisher, used only for its cast-and-find helpers: it never talks to Redis here
+    # (redis-py connects on first use).
+    pub = publisher.WeightPublisher(redis.Redis(), JobKeys("bench", "pass"), rebase_interval=1, rebase_fraction=1.0,
+                                    chunk_bytes=1 << 20, find_on="host", threads=1)  # fmt: skip
     summary: dict = {"numel": sum(b.size for b in bits.values()), "density": 0.01, "reps": args.reps, "rows": []}
 
     def reset_baseline() -> None:
