@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from rljob.weights import encoding
 from rljob.weights.apply import apply_delta
 from rljob.weights.checksum import bf16_bits, change_sum, tensor_checksum
 from rljob.weights.encoding import (
@@ -207,12 +208,14 @@ def test_fixed_width_packing(bits, size):
 def test_rice_coding_of_positions():
     rng = np.random.default_rng(8)
     positions = np.flatnonzero(rng.random(100_000) < 0.02)
-    for k in range(0, 12):
+    for k in range(0, 17):  # int8, int16 and int32 remainders on the way back
         unary, low = rice_encode(positions, k)
         assert np.array_equal(rice_decode(unary, low, positions.size, k), positions)
 
 
-def test_ordered_mapping_is_a_bijection_and_ulp_steps_wrap_exactly():
+@pytest.mark.parametrize("block", [1 << 16, 1000, 7])
+def test_ordered_mapping_is_a_bijection_and_ulp_steps_wrap_exactly(block, monkeypatch):
+    monkeypatch.setattr(encoding, "_ULP_BLOCK", block)  # blocks that do not divide the length
     every = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
     ordered = to_ordered(every)
     assert np.unique(ordered).size == 2**16
@@ -361,8 +364,13 @@ def test_run_length_zlib_is_as_small_as_level_6_on_wide_ulp_steps():
     assert _unzip(packed, True, len(planes)) == planes
 
 
-def test_change_sum_of_parts_equals_the_sum_over_model_wide_positions():
+@pytest.mark.parametrize("block", [1 << 16, 32, 7, 1])
+def test_change_sum_of_parts_equals_the_sum_over_model_wide_positions(block, monkeypatch):
+    """Also with blocks that cut through parts, end on part boundaries, and hold several parts."""
+    from rljob.weights import checksum
     from rljob.weights.checksum import change_sum_of_parts
+
+    monkeypatch.setattr(checksum, "_SUM_BLOCK", block)
 
     rng = np.random.default_rng(6)
     sizes = [5, 1, 40, 7, 300]

@@ -67,6 +67,8 @@ _COMPARE_BLOCK = 1 << 20
 _U64 = np.uint64
 # best_rice_k looks at about this many values (each candidate k costs a pass over them).
 _RICE_K_SAMPLE = 1 << 18
+# Values per block in `ulp_unzigzag` (its two int16 buffers stay in L1/L2).
+_ULP_BLOCK = 1 << 16
 
 
 class DeltaFormatError(ValueError):
@@ -232,6 +234,8 @@ def unpack_fixed(buf: bytes, count: int, bits: int, dtype: type = np.int64) -> n
     if bits in _BYTE_TABLES:  # 1, 2 or 4 bits: one table lookup per byte, all its fields as one word
         fields = _BYTE_TABLES[bits][raw[: (count * bits + 7) // 8]].view(np.uint8)[:count]
         return fields.astype(dtype)
+    if bits in _CHUNK_TABLES:
+        return _unpack_by_chunks(raw, count, bits).astype(dtype, copy=False)
     group = _group(bits)
     if not group:
         return _unpack_fixed_words(raw, count, bits).astype(dtype, copy=False)
@@ -267,6 +271,48 @@ def _byte_table(bits: int) -> np.ndarray:
 
 
 _BYTE_TABLES = {bits: _byte_table(bits) for bits in (1, 2, 4)}
+
+
+def _chunk_table(bits: int, per: int) -> np.ndarray:
+    """Entry c: the `per` fields of the (per * bits)-bit chunk c, one byte each, as one word."""
+    shifts = np.arange(per - 1, -1, -1, dtype=np.uint32) * np.uint32(bits)
+    rows = (np.arange(1 << (per * bits), dtype=np.uint32)[:, None] >> shifts) & np.uint32((1 << bits) - 1)
+    table = np.ascontiguousarray(rows.astype(np.uint8)).view(f"u{per}").reshape(-1)
+    table.setflags(write=False)
+    return table
+
+
+# Widths 3, 5, 6 and 7 (a group of fields is 3, 5, 3 or 7 bytes): looked up two or four fields at a
+# time from chunks of at most 14 bits (tables of 16K entries or fewer). Two to four times faster
+# than shifting each field out of a group word (Rice low bits at 3-10% density are 3 bits).
+_CHUNK_TABLES = {bits: (per, _chunk_table(bits, per)) for bits, per in ((3, 4), (5, 2), (6, 2), (7, 2))}
+
+
+def _unpack_by_chunks(raw: np.ndarray, count: int, bits: int) -> np.ndarray:
+    """uint8 fields of a `_CHUNK_TABLES` width: chunk indices built from the group's bytes (each
+    chunk spans two or three of them), then one table gather per chunk."""
+    per, table = _CHUNK_TABLES[bits]
+    group = _group(bits)
+    width, chunks, chunk_bits = group * bits // 8, group // per, per * bits
+    rows = -(-count // group)
+    if raw.size >= rows * width:
+        grid = raw[: rows * width].reshape(rows, width)
+    else:
+        grid = np.zeros(rows * width, dtype=np.uint8)
+        grid[: raw.size] = raw
+        grid = grid.reshape(rows, width)
+    out = np.empty((rows, chunks), dtype=table.dtype)
+    index = np.empty(rows, dtype=np.uint32)
+    for j in range(chunks):
+        first, last = j * chunk_bits // 8, ((j + 1) * chunk_bits - 1) // 8
+        np.copyto(index, grid[:, first], casting="unsafe")
+        for b in range(first + 1, last + 1):
+            index <<= np.uint32(8)
+            index |= grid[:, b]
+        index >>= np.uint32(8 * (last + 1) - (j + 1) * chunk_bits)
+        index &= np.uint32((1 << chunk_bits) - 1)
+        np.take(table, index, out=out[:, j])
+    return out.view(np.uint8).reshape(-1)[:count]
 
 
 def _unpack_fixed_words(raw: np.ndarray, count: int, bits: int) -> np.ndarray:
@@ -410,10 +456,13 @@ def rice_decode(unary: bytes, low: bytes, count: int, k: int) -> np.ndarray:
     terminators = _terminators(unary, count)
     if k == 0:
         return terminators
-    shifted = unpack_fixed(low, count, k, dtype=np.int32)
-    shifted -= (1 << k) - 1
+    # Narrow integers where they cannot overflow: the passes are memory-bound (int8 -> int32 cumsum
+    # is about twice as fast as int32 -> int64 at 10% density).
+    shifted = unpack_fixed(low, count, k, dtype=np.int8 if k <= 7 else np.int16 if k <= 15 else np.int32)
+    shifted -= shifted.dtype.type((1 << k) - 1)
+    total_type = np.int32 if count * ((1 << k) - 1) < 2**31 else np.int64
     terminators <<= k
-    terminators += np.cumsum(shifted, dtype=np.int64)
+    terminators += np.cumsum(shifted, dtype=total_type)
     terminators += (1 << k) - 1
     return terminators
 
@@ -440,9 +489,36 @@ def ulp_zigzag(old: np.ndarray, new: np.ndarray) -> np.ndarray:
 
 
 def ulp_unzigzag(old: np.ndarray, zig: np.ndarray) -> np.ndarray:
-    z = zig.astype(np.uint16)
-    step = (z >> 1).view(np.int16) ^ -(z & 1).view(np.int16)
-    return from_ordered(to_ordered(old) + step)
+    """Inverse of `ulp_zigzag`: new patterns from the old ones and the zig-zag steps.
+
+    In blocks with two small reused buffers and in-place ufuncs (the same arithmetic as
+    `to_ordered` / `from_ordered`): about 3x faster than whole-array expressions, whose dozen
+    fresh temporaries each cost a pass through memory and its page faults.
+    """
+    count = old.size
+    out = np.empty(count, dtype=np.uint16)
+    if count == 0:
+        return out
+    old_s = np.ascontiguousarray(old).reshape(-1).view(np.int16)
+    zig_u = np.ascontiguousarray(zig, dtype=np.uint16).reshape(-1)
+    step_buf, sign_buf = np.empty(min(_ULP_BLOCK, count), dtype=np.int16), np.empty(min(_ULP_BLOCK, count), np.int16)
+    magnitude = np.int16(0x7FFF)
+    result = out.view(np.int16)
+    for a in range(0, count, _ULP_BLOCK):
+        b = min(a + _ULP_BLOCK, count)
+        step, sign, z, o, r = step_buf[: b - a], sign_buf[: b - a], zig_u[a:b], old_s[a:b], result[a:b]
+        np.right_shift(z, 1, out=step.view(np.uint16))  # step = (z >> 1) ^ -(z & 1)
+        np.bitwise_and(z, 1, out=sign.view(np.uint16))
+        np.negative(sign, out=sign)
+        step ^= sign
+        np.right_shift(o, 15, out=sign)  # r = to_ordered(old) + step
+        sign &= magnitude
+        np.bitwise_xor(o, sign, out=r)
+        r += step
+        np.right_shift(r, 15, out=sign)  # r = from_ordered(r)
+        sign &= magnitude
+        r ^= sign
+    return out
 
 
 def _split_planes(values: np.ndarray) -> bytes:
