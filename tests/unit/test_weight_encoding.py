@@ -296,10 +296,11 @@ def test_change_sum_is_position_aware_and_zero_for_no_change():
 
 
 @pytest.mark.parametrize("size", [1, 5, 4096, (1 << 20) * 2 + 13])
-@pytest.mark.parametrize("density", [0.0, 0.01, 1.0])
-def test_find_changes_matches_a_plain_compare_and_advances_in_place(size, density):
+@pytest.mark.parametrize("density", [0.0, 0.01, 0.1, 0.3, 1.0])  # word-wise below ~15%, value-wise above
+@pytest.mark.parametrize("offset", [0, 1])  # 1: arrays that do not start on an 8-byte boundary
+def test_find_changes_matches_a_plain_compare_and_advances_in_place(size, density, offset):
     rng = np.random.default_rng(size)
-    old = rng.integers(0, 2**16, size=size, dtype=np.uint32).astype(np.uint16)
+    old = rng.integers(0, 2**16, size=size + offset, dtype=np.uint32).astype(np.uint16)[offset:]
     new = old.copy()
     picked = rng.random(size) < density
     new[picked] ^= rng.integers(1, 2**16, size=int(picked.sum()), dtype=np.uint32).astype(np.uint16)
@@ -307,7 +308,8 @@ def test_find_changes_matches_a_plain_compare_and_advances_in_place(size, densit
     expected = np.flatnonzero(old != new)
     assert np.array_equal(changes.positions, expected)
     assert np.array_equal(changes.old, old[expected]) and np.array_equal(changes.new, new[expected])
-    base = old.copy()
+    base = np.zeros(size + offset, dtype=np.uint16)[offset:]
+    base[:] = old
     advanced = find_changes(base, new, advance=True)
     assert np.array_equal(advanced.positions, expected) and np.array_equal(advanced.old, old[expected])
     assert np.array_equal(base, new)
