@@ -37,3 +37,11 @@ def test_weight_pass_runs(tmp_path):
     assert (tmp_path / "weight_pass.json").exists()
     devices = {row.get("device") for row in summary["rows"]}
     assert "cpu" in devices and all(row["find_s"] > 0 for row in summary["rows"])
+
+
+def test_weight_kernels_quick_agree_with_their_references(tmp_path):
+    """Each kernel is checked equal to its reference inside the script before it is timed."""
+    summary = run_benchmark("bench_weight_kernels.py", "--quick", "--reps", "1", "--results", str(tmp_path))
+    kernels = {row["kernel"] for row in summary["rows"]}
+    assert "change sum (blocked)" in kernels and any(k.startswith("unpack 3-bit") for k in kernels)
+    assert all(row["kernel_s"] > 0 and row["reference_s"] > 0 for row in summary["rows"])

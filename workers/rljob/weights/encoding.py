@@ -187,12 +187,18 @@ def pack_fixed(values: np.ndarray, bits: int) -> bytes:
     group = _group(bits)
     if not group:
         return _pack_fixed_words(values, bits)
-    if bits in _CHUNK_TABLES:
+    if bits in _BYTE_ASSEMBLY_WIDTHS:
         return _pack_by_bytes(values, bits)
     word_type, word_bits = _word_type(group * bits)
     if group == 1 and word_bits == bits:  # whole bytes: a plain cast
         return values.astype(word_type).tobytes()
-    # `group` fields fill exactly group*bits/8 bytes: build each group's bits in one word.
+    return _pack_group_words(values, bits)
+
+
+def _pack_group_words(values: np.ndarray, bits: int) -> bytes:
+    """`group` fields fill exactly group*bits/8 bytes: build each group's bits in one word."""
+    group = _group(bits)
+    word_type, word_bits = _word_type(group * bits)
     n = values.size
     rows = -(-n // group)
     native = np.dtype(word_type).newbyteorder("=")
@@ -209,8 +215,9 @@ def pack_fixed(values: np.ndarray, bits: int) -> bytes:
 
 def _pack_by_bytes(values: np.ndarray, bits: int) -> bytes:
     """Widths 3, 5, 6 and 7 (groups of 3, 5, 3 or 7 bytes): each byte of a group ORed together
-    from the two or three fields that overlap it, on narrow columns (1.3-1.9x the group-word path,
-    which shifts every field into a 32- or 64-bit word and byte-swaps it)."""
+    from the two or three fields that overlap it, on narrow columns (1.6-3.7x `_pack_group_words`,
+    which shifts every field into a 32- or 64-bit word and byte-swaps it:
+    benchmarks/bench_weight_kernels.py)."""
     n, group = values.size, _group(bits)
     width, rows = group * bits // 8, -(-n // group)
     fields = np.zeros(rows * group, dtype=np.uint16)
@@ -271,6 +278,13 @@ def unpack_fixed(buf: bytes, count: int, bits: int, dtype: type = np.int64) -> n
     word_type, word_bits = _word_type(group * bits)
     if group == 1 and word_bits == bits:
         return np.frombuffer(buf, dtype=word_type, count=count).astype(dtype)
+    return _unpack_group_words(raw, count, bits, dtype)
+
+
+def _unpack_group_words(raw: np.ndarray, count: int, bits: int, dtype: type) -> np.ndarray:
+    """Inverse of `_pack_group_words`: each group's bytes as one word, then each field shifted out."""
+    group = _group(bits)
+    word_type, word_bits = _word_type(group * bits)
     width, word_bytes = group * bits // 8, word_bits // 8
     rows = -(-count // group)
     grid = np.zeros((rows, word_bytes), dtype=np.uint8)
@@ -311,10 +325,13 @@ def _chunk_table(bits: int, per: int) -> np.ndarray:
     return table
 
 
-# Widths 3, 5, 6 and 7 (a group of fields is 3, 5, 3 or 7 bytes): looked up two or four fields at a
-# time from chunks of at most 14 bits (tables of 16K entries or fewer). Two to four times faster
-# than shifting each field out of a group word (Rice low bits at 3-10% density are 3 bits).
-_CHUNK_TABLES = {bits: (per, _chunk_table(bits, per)) for bits, per in ((3, 4), (5, 2), (6, 2), (7, 2))}
+# Widths 3 and 6 (a group of fields is 3 bytes): looked up four or two fields at a time from the
+# group's two 12-bit halves (tables of 4096 entries). 1.7-2.1x (3 bits; Rice remainders at 3-10%
+# density) and 1.2-1.4x (6 bits) faster than shifting each field out of a group word
+# (benchmarks/bench_weight_kernels.py); 5- and 7-bit chunks gained nothing, so those widths do not.
+_CHUNK_TABLES = {bits: (per, _chunk_table(bits, per)) for bits, per in ((3, 4), (6, 2))}
+# Widths whose groups `_pack_by_bytes` assembles byte by byte.
+_BYTE_ASSEMBLY_WIDTHS = (3, 5, 6, 7)
 
 
 def _unpack_by_chunks(raw: np.ndarray, count: int, bits: int) -> np.ndarray:
@@ -485,8 +502,8 @@ def rice_decode(unary: bytes, low: bytes, count: int, k: int) -> np.ndarray:
     terminators = _terminators(unary, count)
     if k == 0:
         return terminators
-    # Narrow integers where they cannot overflow: the passes are memory-bound (int8 -> int32 cumsum
-    # is about twice as fast as int32 -> int64 at 10% density).
+    # Narrow integers where they cannot overflow: these passes are memory-bound, so fewer bytes
+    # per value is faster (the remainders as int8 for k <= 7, their running sum as int32).
     shifted = unpack_fixed(low, count, k, dtype=np.int8 if k <= 7 else np.int16 if k <= 15 else np.int32)
     shifted -= shifted.dtype.type((1 << k) - 1)
     total_type = np.int32 if count * ((1 << k) - 1) < 2**31 else np.int64
@@ -521,8 +538,9 @@ def ulp_unzigzag(old: np.ndarray, zig: np.ndarray) -> np.ndarray:
     """Inverse of `ulp_zigzag`: new patterns from the old ones and the zig-zag steps.
 
     In blocks with two small reused buffers and in-place ufuncs (the same arithmetic as
-    `to_ordered` / `from_ordered`): about 3x faster than whole-array expressions, whose dozen
-    fresh temporaries each cost a pass through memory and its page faults.
+    `to_ordered` / `from_ordered`): 2.1x the whole-array expressions at 10% density
+    (benchmarks/bench_weight_kernels.py), whose dozen fresh temporaries each cost a pass through
+    memory and its page faults.
     """
     count = old.size
     out = np.empty(count, dtype=np.uint16)
@@ -653,9 +671,9 @@ def _block_changes(
 
     The block is compared as 64-bit words first, so numpy's nonzero (the costly step: about 1 ns
     per element) scans a quarter as many flags; only the words that differ are split into their
-    four values. The publisher's pass over SmolLM2 (cast included, one thread) went from 233 to
-    195 ms at 1% density and from 496 to 440 ms at 10%. Where most words differ (dense changes),
-    the per-value comparison is used instead.
+    four values: 1.06-1.16x the per-value comparison at 1% and 10% density
+    (benchmarks/bench_weight_kernels.py). Where most words differ (dense changes), the per-value
+    comparison is used instead.
     """
     whole = old.size - old.size % 4
     old_words, new_words = old[:whole].view(np.uint64), new[:whole].view(np.uint64)

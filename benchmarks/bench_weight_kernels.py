@@ -1,0 +1,132 @@
+"""The weight store's numpy kernels against the plain whole-array versions they replaced.
+
+Each row times one kernel of the delta path and a straightforward reference computing the same
+thing (checked equal first), on synthetic changes spread over 134.5M values (the size of
+SmolLM2-135M) at 1% and 10% density, and prints reference / kernel side by side. The references
+are what the store did before: whole-array expressions whose temporaries are model-sized, a
+per-value comparison, and the group-word path of the fixed-width bit packer (each field shifted
+into or out of one word per group), which other widths still take. Best of `--reps`,
+one thread. Writes docs/results/weight_kernels.json.
+  python benchmarks/bench_weight_kernels.py            # about a minute
+  python benchmarks/bench_weight_kernels.py --quick    # a tenth of the values
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import numpy as np
+from _common import finish, progress
+
+from rljob.weights import encoding
+from rljob.weights.checksum import _MASK64, _VALUE_HASH, change_sum_of_parts
+from rljob.weights.encoding import find_changes, from_ordered, pack_fixed, to_ordered, ulp_unzigzag, unpack_fixed
+
+_U64 = np.uint64
+
+
+def change_sum_whole(positions, old, new, starts, offsets) -> int:
+    """The change sum as whole-array expressions (the store's version before blocking)."""
+    diff = _VALUE_HASH[new] - _VALUE_HASH[old]
+    weighted = int(np.dot(diff, positions.view(_U64)))
+    per_part = np.add.reduceat(diff, starts)
+    shifts = offsets.astype(_U64) * _U64(2) + _U64(1)
+    return (2 * weighted + int(np.dot(per_part, shifts))) & _MASK64
+
+
+def unzigzag_whole(old: np.ndarray, zig: np.ndarray) -> np.ndarray:
+    step = (zig >> 1).view(np.int16) ^ -(zig & 1).view(np.int16)
+    return from_ordered(to_ordered(old) + step)
+
+
+def find_per_value(old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Blocked per-value comparison (one flag per value for numpy's nonzero), with the values at
+    the changes gathered as `find_changes` does."""
+    block, found = encoding._COMPARE_BLOCK, []
+    differ = np.empty(min(block, old.size), dtype=np.bool_)
+    for start in range(0, old.size, block):
+        stop = min(start + block, old.size)
+        np.not_equal(old[start:stop], new[start:stop], out=differ[: stop - start])
+        hit = np.flatnonzero(differ[: stop - start])
+        found.append((hit + start, old[start:stop][hit], new[start:stop][hit]))
+    positions, was, now = (np.concatenate(parts) for parts in zip(*found, strict=True))
+    return positions, was, now
+
+
+def best_of(reps: int, run: Callable[[], object]) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        started = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+Row = Callable[[str, float, Callable[[], object], Callable[[], object]], None]
+
+
+def kernels_at(density: float, base: np.ndarray, rng: np.random.Generator, row: Row) -> None:
+    """One row per kernel for changes at `density` of `base`, each checked against its reference."""
+    changed = np.flatnonzero(rng.random(base.size) < density)
+    new = base.copy()
+    steps = rng.choice(np.array([-2, -1, 1, 2], dtype=np.int16), changed.size)
+    new[changed] = from_ordered(to_ordered(base[changed]) + steps)
+    assert np.array_equal(find_per_value(base, new)[0], find_changes(base, new).positions)
+    row("find changes (word compare)", density, lambda: find_per_value(base, new), lambda: find_changes(base, new))
+
+    old_v, new_v = base[changed], new[changed]
+    starts = np.arange(0, changed.size, max(1, changed.size // 272), dtype=np.intp)
+    sums = (changed, old_v, new_v, starts, np.zeros(starts.size, dtype=np.int64))
+    assert change_sum_whole(*sums) == change_sum_of_parts(*sums)
+    row("change sum (blocked)", density, lambda: change_sum_whole(*sums), lambda: change_sum_of_parts(*sums))
+
+    zig = encoding.ulp_zigzag(old_v, new_v)
+    assert np.array_equal(unzigzag_whole(old_v, zig), ulp_unzigzag(old_v, zig))
+    row("ulp un-zig-zag (blocked)", density, lambda: unzigzag_whole(old_v, zig), lambda: ulp_unzigzag(old_v, zig))
+
+    for bits in encoding._BYTE_ASSEMBLY_WIDTHS:
+        fixed_width_rows(bits, rng.integers(0, 1 << bits, changed.size).astype(np.uint8), density, row)
+
+
+def fixed_width_rows(bits: int, fields: np.ndarray, density: float, row: Row) -> None:
+    packed = pack_fixed(fields, bits)
+    assert encoding._pack_group_words(fields, bits) == packed
+    row(f"pack {bits}-bit fields (byte assembly)", density,
+        lambda: encoding._pack_group_words(fields, bits), lambda: pack_fixed(fields, bits))  # fmt: skip
+    if bits not in encoding._CHUNK_TABLES:
+        return
+    raw = np.frombuffer(packed, dtype=np.uint8)
+    unpacked = unpack_fixed(packed, fields.size, bits, dtype=np.uint8)
+    assert np.array_equal(encoding._unpack_group_words(raw, fields.size, bits, np.uint8), unpacked)
+    row(f"unpack {bits}-bit fields (chunk tables)", density,
+        lambda: encoding._unpack_group_words(raw, fields.size, bits, np.uint8),
+        lambda: unpack_fixed(packed, fields.size, bits, dtype=np.uint8))  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="13.5M values instead of 134.5M")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--results", default=None, help="folder for weight_kernels.json (default docs/results)")
+    args = parser.parse_args()
+    numel = 134_515_008 // (10 if args.quick else 1)
+    rng = np.random.default_rng(0)
+    base = (rng.normal(0.0, 0.02, numel).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    rows = []
+
+    def row(name: str, density: float, reference: Callable[[], object], kernel: Callable[[], object]) -> None:
+        ref_s, new_s = best_of(args.reps, reference), best_of(args.reps, kernel)
+        rows.append({"kernel": name, "density": density, "reference_s": ref_s, "kernel_s": new_s,
+                     "speedup": ref_s / new_s})  # fmt: skip
+        progress(f"{density * 100:g}% {name:<34} reference {ref_s * 1e3:7.1f} ms  kernel {new_s * 1e3:7.1f} ms  "
+                 f"x{ref_s / new_s:.2f}")  # fmt: skip
+
+    for density in (0.01, 0.1):
+        kernels_at(density, base, rng, row)
+    finish("weight_kernels", {"numel": numel, "reps": args.reps, "rows": rows}, args.results)
+
+
+if __name__ == "__main__":
+    main()
