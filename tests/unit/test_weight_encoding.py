@@ -18,6 +18,7 @@ from rljob.weights.encoding import (
     decode_delta,
     ef_pack,
     ef_unpack,
+    encode_changes,
     encode_delta,
     find_changes,
     from_ordered,
@@ -385,3 +386,42 @@ def test_change_sum_of_parts_equals_the_sum_over_model_wide_positions(block, mon
     model_wide = np.concatenate([p + o for p, o in zip(local, offsets, strict=True)])
     assert change_sum_of_parts(positions, old, new, starts, offsets) == change_sum(model_wide, old, new)
     assert change_sum_of_parts(positions[:0], old[:0], new[:0], starts[:0], offsets[:0]) == 0
+
+
+def adamw_like_steps(rng: np.random.Generator, size: int, scale: float = 1.5) -> tuple[np.ndarray, np.ndarray]:
+    """Old values and new ones moved by heavy-tailed ulp steps (small weights move by many ulp)."""
+    old = bf16_bits(torch.from_numpy(rng.standard_normal(size).astype(np.float32) * 0.02)).copy()
+    steps = np.maximum(1, np.minimum(rng.lognormal(1.0, scale, size), 30000)).astype(np.int32)
+    steps *= rng.choice([-1, 1], size)
+    new = from_ordered((to_ordered(old).astype(np.int32) + steps).clip(-32768, 32767).astype(np.int16))
+    return old, new
+
+
+def test_zipped_size_estimate_is_close_on_wide_steps():
+    from rljob.weights.encoding import _maybe_zip, _split_planes, _zipped_size_estimate
+
+    old, new = adamw_like_steps(np.random.default_rng(21), 1_500_000)  # 3 MB planes: sampled
+    for planes in (_split_planes(ulp_zigzag(old, new)), _split_planes(new)):
+        actual = len(_maybe_zip(planes)[0])
+        assert abs(_zipped_size_estimate(planes) - actual) <= 0.05 * actual
+
+
+@pytest.mark.parametrize("case", ["adamw", "noise"])
+def test_pruning_wide_step_codings_keeps_the_smallest(case, monkeypatch):
+    """Building only the candidates near the smallest estimate gives the same bytes as building
+    and compressing them all: where one coding is far smaller (AdamW-like steps: only the zipped
+    byte coding is built) and where all are near 2 bytes (new values unrelated to the old: all built)."""
+    rng = np.random.default_rng(22)
+    old, new = adamw_like_steps(rng, 1_200_000)
+    if case == "noise":
+        new = rng.integers(0, 2**16, size=old.size, dtype=np.uint32).astype(np.uint16)
+    changes = find_changes(old, new)
+    built = encoding._encode_values(changes.old, changes.new, None, False, 1)
+    assert len(built) == (1 if case == "adamw" else 3)
+    pruned = encode_changes(changes, old.size)
+    monkeypatch.setattr(encoding, "_KEEP_WITHIN", float("inf"))
+    exhaustive = encode_changes(changes, old.size)
+    assert pruned.meta() == exhaustive.meta() and pruned.payload() == exhaustive.payload()
+    bits = old.copy()
+    apply_delta_bits(bits, EncodedDelta.from_meta(pruned.meta(), pruned.payload()))
+    assert np.array_equal(bits, new)

@@ -60,6 +60,10 @@ _MIN_ZLIB_SAVING = 0.03
 _ZLIB_LEVEL = 1  # with Z_RLE the level hardly matters: there is no string matching to tune
 # Above this many ulp, a raw overwrite may be smaller than the Rice-coded step: try both.
 _ULP_RAW_THRESHOLD = 1 << 12
+# Wide-step value codings are built and compressed only when their estimated size is within this
+# factor of the smallest estimate (the estimates of zlib streams are sampled).
+_KEEP_WITHIN = 1.10
+_ZIP_SAMPLES, _ZIP_SAMPLE_BYTES = 16, 1 << 16
 # Elements compared per block in `find_changes`: large enough that per-call overhead (held under
 # the GIL) weighs less when two threads share the pass (benchmarks/bench_weight_pass.py, 2 threads:
 # 136-141 ms per model pass with 1M-element blocks vs 166-196 ms with 256K over three runs).
@@ -703,11 +707,12 @@ def merge_changes(parts: Sequence[Changes], sizes: Sequence[int]) -> tuple[Chang
     positions counted from the first element of the first array; and the total element count."""
     offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
-    merged = Changes(
-        np.concatenate([c.positions + offset for c, offset in zip(parts, offsets, strict=False)]),
-        np.concatenate([c.old for c in parts]),
-        np.concatenate([c.new for c in parts]),
-    )
+    positions = np.empty(sum(c.count for c in parts), dtype=np.int64)
+    at = 0
+    for c, offset in zip(parts, offsets, strict=False):  # shifted straight into place: no copy per part
+        np.add(c.positions, offset, out=positions[at : at + c.count])
+        at += c.count
+    merged = Changes(positions, np.concatenate([c.old for c in parts]), np.concatenate([c.new for c in parts]))
     return merged, int(offsets[-1])
 
 
@@ -719,16 +724,20 @@ def changed_positions(old_bits: np.ndarray, new_bits: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------- value coding
 
 
+# A value coding: codec, width or Rice k, its streams, and which of them are worth compressing.
+ValueCoding = tuple[str, int, list[bytes], list[bool]]
+
+
 def _encode_values(
     old: np.ndarray, new: np.ndarray, forced: str | None, overwrite_only: bool, bias: int
-) -> list[tuple[str, int, list[bytes], list[bool]]]:
+) -> list[ValueCoding]:
     """Candidate value codings (codec, width or k, streams, compress-worthy flags) for changed values.
 
     `bias` is subtracted from the zig-zag steps before they are coded: 1 where every coded value
     changed (a step is never 0), 0 for ``dense``.
     """
 
-    def raw() -> tuple[str, int, list[bytes], list[bool]]:
+    def raw() -> ValueCoding:
         return ("raw", 2, [_split_planes(new)], [True])
 
     if overwrite_only or forced == "raw":
@@ -741,23 +750,55 @@ def _encode_values(
     steps = zig - np.uint16(bias) if bias else zig  # uint16; a changed value's step is never 0
     top = int(steps.max()) if steps.size else 0
     width = max(1, top.bit_length())
+
+    def fixed() -> ValueCoding:
+        return ("ulpf", width, [pack_fixed(steps, width)], [False])
+
     if forced == "ulpf" or (forced is None and width <= 2):
         # Two bits or fewer: Rice cannot be much smaller, and fixed fields decode fastest.
-        coded = ("ulpf", width, [pack_fixed(steps, width)], [False])
+        return [fixed()]
+    k = best_rice_k(steps)
+    rice_bits = rice_cost_bits(steps, k)
+    coded: Callable[[], ValueCoding]
+    if forced is None and steps.size * width * 0.95 <= rice_bits:
+        coded, coded_bytes = fixed, (steps.size * width + 7) // 8
     else:
-        k = best_rice_k(steps)
-        if forced is None and steps.size * width * 0.95 <= rice_cost_bits(steps, k):
-            coded = ("ulpf", width, [pack_fixed(steps, width)], [False])
-        else:
-            coded = ("ulpr", k, list(rice_pack(steps.astype(np.int64), k)), [False, False])
+
+        def coded() -> ValueCoding:
+            return ("ulpr", k, list(rice_pack(steps.astype(np.int64), k)), [False, False])
+
+        coded_bytes = (rice_bits + 7) // 8 + 1  # two streams, each rounded up to whole bytes
     if forced is not None or width <= 4:
-        return [coded]
+        return [coded()]
     # Wide steps (real optimizer updates move small weights by many ulp): the byte coding with
-    # zlib, or a plain overwrite when steps are huge, can be smaller. Rare, so the cost is fine.
-    options = [coded, _encode_values(old, new, "ulp", False, bias)[0]]
+    # zlib, or a plain overwrite when steps are huge, can be smaller.
+    byte_coded = _encode_values(old, new, "ulp", False, bias)[0]
+    options = [(coded, coded_bytes), (lambda: byte_coded, _zipped_size_estimate(byte_coded[2][0]))]
     if top >= _ULP_RAW_THRESHOLD:
-        options.insert(0, raw())
-    return options
+        overwrite = raw()
+        options.append((lambda: overwrite, _zipped_size_estimate(overwrite[2][0])))
+    return _near_smallest(options)
+
+
+def _near_smallest(options: list[tuple[Callable[[], ValueCoding], int]]) -> list[ValueCoding]:
+    """Build only the candidates whose size (exact, or a sampled estimate for zlib streams) is
+    within `_KEEP_WITHIN` of the smallest; the caller compresses them and keeps the smallest. On
+    the first AdamW step of SmolLM2 the zipped byte coding is 4-7x smaller than the Rice-coded steps
+    and the zipped overwrite, so those two are never packed nor compressed."""
+    smallest = min(size for _, size in options)
+    return [build() for build, size in options if size <= _KEEP_WITHIN * smallest]
+
+
+def _zipped_size_estimate(stream: bytes) -> int:
+    """Size of `stream` after `_maybe_zip`: exact for small streams; for large ones, scaled from
+    `_ZIP_SAMPLES` evenly spaced pieces of `_ZIP_SAMPLE_BYTES`, which cover both byte planes
+    (tests/unit/test_weight_encoding.py holds it within 5% on AdamW-like steps)."""
+    n = len(stream)
+    if n <= 2 * _ZIP_SAMPLES * _ZIP_SAMPLE_BYTES:
+        return len(_maybe_zip(stream)[0])
+    starts = np.linspace(0, n - _ZIP_SAMPLE_BYTES, _ZIP_SAMPLES).astype(np.int64)
+    sampled = sum(len(_maybe_zip(stream[a : a + _ZIP_SAMPLE_BYTES])[0]) for a in starts)
+    return min(n, int(sampled / (_ZIP_SAMPLES * _ZIP_SAMPLE_BYTES) * n))
 
 
 def _decode_values(enc: EncodedDelta, streams: list[bytes], old: np.ndarray | None, count: int) -> np.ndarray:
