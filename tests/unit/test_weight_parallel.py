@@ -61,6 +61,25 @@ def test_pool_reraises_the_first_error_and_runs_inline_with_one_thread():
         TensorPool(0)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_submit_runs_beside_the_caller_and_delivers_errors_by_result(threads):
+    pool = TensorPool(threads)
+    try:
+        release = threading.Event()
+        if threads > 1:  # on a pool thread: the caller goes on while it waits
+            pending = pool.submit(lambda: (release.wait(5), threading.current_thread().name)[1])
+            assert not pending.done()
+            release.set()
+            assert pending.result(5).startswith("weights")
+        else:  # inline: already finished
+            assert pool.submit(lambda: 7).result(0) == 7
+        failed = pool.submit(lambda: 1 // 0)
+        with pytest.raises(ZeroDivisionError):
+            failed.result(5)
+    finally:
+        pool.close()
+
+
 def test_cgroup_quota_caps_the_default(tmp_path, monkeypatch):
     cpu_max = tmp_path / "cpu.max"
     cpu_max.write_text("150000 100000\n")

@@ -902,11 +902,14 @@ def encode_changes(
     positions: str | None = None,
     values: str | None = None,
     dense_new: np.ndarray | None = None,
+    run: Callable[[Sequence[Callable[[], Any]]], list[Any]] | None = None,
 ) -> EncodedDelta:
     """Smallest lossless coding of `changes` to a flat array of `numel` elements (see `encode_delta`).
 
     The ``dense`` coding carries every element, so it is only a candidate when `dense_new` (all
     new values) is given; without it, positions are always coded (a stream over many tensors).
+    `run` runs a list of jobs and returns their results in order (a thread pool's map; default:
+    one after the other here); the result does not depend on it.
     """
     if positions is not None and positions not in POSITION_CODECS[1:]:
         raise ValueError(f"positions must be one of {POSITION_CODECS[1:]}, got {positions!r}")
@@ -922,7 +925,7 @@ def encode_changes(
     def wanted(codec: str) -> bool:
         return positions is None or positions == codec
 
-    def value_options(old_v: np.ndarray, new_v: np.ndarray, bias: int) -> list:
+    def value_options(old_v: np.ndarray, new_v: np.ndarray, bias: int) -> list[ValueCoding]:
         return _encode_values(old_v, new_v, values, overwrite_only, bias)
 
     # Candidates in order of decoding cost; on equal size the first (cheapest to decode) wins.
@@ -933,30 +936,50 @@ def encode_changes(
         base[changes.positions] = changes.old
         for value in value_options(base, new, 0):
             candidates.append(_pack(numel, count, "dense", 0, [], value))
-    sparse_values = value_options(changes.old, changes.new, 1)
-    # Position codings, from a size estimate first: Elias-Fano is cheapest both ways, so Rice (a
-    # pass over the gaps) is computed only when forced or when it should be clearly smaller.
+    # The values and the positions are coded independently: on two threads when `run` has them.
+    sparse_values, sparse_positions = (run or _run_here)([
+        lambda: value_options(changes.old, changes.new, 1),
+        lambda: _position_codings(changes, numel, positions, sparse=count < numel or new is None),
+    ])  # fmt: skip
+    for codec, k, streams in sparse_positions:
+        for value in sparse_values:
+            candidates.append(_pack(numel, count, codec, k, streams, value))
+    return min(candidates, key=lambda c: c.nbytes)
+
+
+def _run_here(jobs: Sequence[Callable[[], Any]]) -> list[Any]:
+    return [job() for job in jobs]
+
+
+# A position coding: codec, Rice k or Elias-Fano low bits, and its streams with whether each is
+# worth compressing.
+PositionCoding = tuple[str, int, list[tuple[bytes, bool]]]
+
+
+def _position_codings(changes: Changes, numel: int, forced: str | None, sparse: bool) -> list[PositionCoding]:
+    """Candidate codings of the changed positions (all but ``dense``), from size estimates first:
+    Elias-Fano is cheapest both ways, so Rice (a pass over the gaps) is computed only when forced
+    or when it should be clearly smaller. `sparse`: not every element changed, or there is no
+    dense coding to carry them (a stream over many tensors always codes its positions)."""
+    count = changes.count
     gap_sum = int(changes.positions[-1]) + 1 - count
     low_bits = best_ef_bits(count, numel)
     ef_bits = ef_cost_bits(count, numel, low_bits)
     rice_bits = estimate_rice_bits(count, gap_sum)
-    sparse = count < numel or new is None  # without dense, positions are coded even if all changed
-    if wanted("bitmask") and ((sparse and numel <= 1.05 * min(ef_bits, rice_bits)) or positions == "bitmask"):
+    options: list[PositionCoding] = []
+    if forced in (None, "bitmask") and ((sparse and numel <= 1.05 * min(ef_bits, rice_bits)) or forced == "bitmask"):
         mask = np.zeros(numel, dtype=np.bool_)
         mask[changes.positions] = True
-        for value in sparse_values:
-            candidates.append(_pack(numel, count, "bitmask", 0, [(np.packbits(mask).tobytes(), True)], value))
-    if positions == "rice" or (positions is None and sparse and rice_bits < _RICE_OVER_EF * ef_bits):
+        options.append(("bitmask", 0, [(np.packbits(mask).tobytes(), True)]))
+    if forced == "rice" or (forced is None and sparse and rice_bits < _RICE_OVER_EF * ef_bits):
         gaps = _gaps(changes.positions)
         k = best_rice_k(gaps)
         unary, low = rice_pack(gaps, k)
-        for value in sparse_values:
-            candidates.append(_pack(numel, count, "rice", k, [(unary, False), (low, False)], value))
-    elif positions == "ef" or (positions is None and sparse):
+        options.append(("rice", k, [(unary, False), (low, False)]))
+    elif forced == "ef" or (forced is None and sparse):
         upper, lower = ef_pack(changes.positions, low_bits)
-        for value in sparse_values:
-            candidates.append(_pack(numel, count, "ef", low_bits, [(upper, False), (lower, False)], value))
-    return min(candidates, key=lambda c: c.nbytes)
+        options.append(("ef", low_bits, [(upper, False), (lower, False)]))
+    return options
 
 
 def _stream(enc: EncodedDelta, index: int) -> bytes:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -96,6 +96,20 @@ class TensorPool:
         batches = balanced_batches(items, cost, self.threads * _BATCHES_PER_THREAD)
         done = self._pool.map(lambda batch: [fn(x) for x in batch], batches)
         return [result for batch in done for result in batch]
+
+    def submit(self, fn: Callable[[], R]) -> Future[R]:
+        """Run `fn` on a pool thread (in the caller's thread when 1, returning a finished future),
+        for work that overlaps with what the caller does next."""
+        if self.threads == 1:
+            done: Future[R] = Future()
+            try:
+                done.set_result(fn())
+            except BaseException as error:  # delivered by result(), as from a thread
+                done.set_exception(error)
+            return done
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=self._name)
+        return self._pool.submit(fn)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -354,8 +354,9 @@ class WeightPublisher:
 
         Finding them is the pass over the model, per tensor on the pool's threads (numpy and
         torch release the GIL for the block work); largest first, for an even split. Encoding is
-        then a handful of numpy calls over the changes of the whole model, beside the change sum
-        (per tensor: about a hundred calls for each changed tensor, on the pool).
+        then a handful of numpy calls over the changes of the whole model: the values' coding,
+        the positions' coding and the change sum as three jobs on the pool (per tensor: about a
+        hundred calls for each changed tensor, on the pool).
         """
         names = list(tensors)
         order = sorted(names, key=lambda name: -tensors[name].numel())
@@ -375,12 +376,11 @@ class WeightPublisher:
             per_tensor = {name: result for (name, _), result in zip(touched, coded, strict=True)}
             return VersionDelta(None, None, changed, checksums, per_tensor)
         merged, numel = merge_changes(changes, [tensors[name].numel() for name in names])
-        stream, total = self._pool.map(
-            lambda job: job(),
-            [lambda: encode_changes(merged, numel, overwrite_only=self.overwrite_only),
-             lambda: change_sum(merged.positions, merged.old, merged.new)],
-        )  # fmt: skip
-        return VersionDelta(stream=stream, change_sum=total, changed=changed, checksums=checksums)
+        # Three independent jobs on the pool: the change sum, the values' coding, the positions'.
+        total = self._pool.submit(lambda: change_sum(merged.positions, merged.old, merged.new))
+        stream = encode_changes(merged, numel, overwrite_only=self.overwrite_only,
+                                run=lambda jobs: self._pool.map(lambda job: job(), jobs))  # fmt: skip
+        return VersionDelta(stream=stream, change_sum=total.result(), changed=changed, checksums=checksums)
 
     def close(self) -> None:
         """Stop the encoding threads (idempotent; a later publish starts them again)."""
