@@ -44,15 +44,9 @@ from rljob.embedded_redis import EmbeddedRedis
 from rljob.keys import JobKeys
 from rljob.weights import EncodedDelta, WeightPublisher, WeightReader, store
 from rljob.weights.apply import apply_delta, apply_stream
+from rljob.weights.changes import find_changes, merge_changes
 from rljob.weights.checksum import bf16_bits, format_sum
-from rljob.weights.encoding import (
-    encode_changes,
-    encode_delta,
-    find_changes,
-    from_ordered,
-    merge_changes,
-    to_ordered,
-)
+from rljob.weights.encoding import encode_changes, encode_delta, from_ordered, to_ordered
 from rljob.weights.parallel import default_threads
 from rljob.weights.reader import verify_checksums
 

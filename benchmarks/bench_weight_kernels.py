@@ -20,9 +20,11 @@ from collections.abc import Callable
 import numpy as np
 from _common import finish, progress
 
-from rljob.weights import encoding
+from rljob.weights import bitfields, changes, encoding
+from rljob.weights.bitfields import pack_fixed, unpack_fixed
+from rljob.weights.changes import find_changes
 from rljob.weights.checksum import _MASK64, _VALUE_HASH, change_sum_of_parts
-from rljob.weights.encoding import find_changes, from_ordered, pack_fixed, to_ordered, ulp_unzigzag, unpack_fixed
+from rljob.weights.encoding import from_ordered, to_ordered, ulp_unzigzag
 
 _U64 = np.uint64
 
@@ -44,7 +46,7 @@ def unzigzag_whole(old: np.ndarray, zig: np.ndarray) -> np.ndarray:
 def find_per_value(old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Blocked per-value comparison (one flag per value for numpy's nonzero), with the values at
     the changes gathered as `find_changes` does."""
-    block, found = encoding._COMPARE_BLOCK, []
+    block, found = changes._COMPARE_BLOCK, []
     differ = np.empty(min(block, old.size), dtype=np.bool_)
     for start in range(0, old.size, block):
         stop = min(start + block, old.size)
@@ -86,22 +88,22 @@ def kernels_at(density: float, base: np.ndarray, rng: np.random.Generator, row: 
     assert np.array_equal(unzigzag_whole(old_v, zig), ulp_unzigzag(old_v, zig))
     row("ulp un-zig-zag (blocked)", density, lambda: unzigzag_whole(old_v, zig), lambda: ulp_unzigzag(old_v, zig))
 
-    for bits in encoding._BYTE_ASSEMBLY_WIDTHS:
+    for bits in bitfields._BYTE_ASSEMBLY_WIDTHS:
         fixed_width_rows(bits, rng.integers(0, 1 << bits, changed.size).astype(np.uint8), density, row)
 
 
 def fixed_width_rows(bits: int, fields: np.ndarray, density: float, row: Row) -> None:
     packed = pack_fixed(fields, bits)
-    assert encoding._pack_group_words(fields, bits) == packed
+    assert bitfields._pack_group_words(fields, bits) == packed
     row(f"pack {bits}-bit fields (byte assembly)", density,
-        lambda: encoding._pack_group_words(fields, bits), lambda: pack_fixed(fields, bits))  # fmt: skip
-    if bits not in encoding._CHUNK_TABLES:
+        lambda: bitfields._pack_group_words(fields, bits), lambda: pack_fixed(fields, bits))  # fmt: skip
+    if bits not in bitfields._CHUNK_TABLES:
         return
     raw = np.frombuffer(packed, dtype=np.uint8)
     unpacked = unpack_fixed(packed, fields.size, bits, dtype=np.uint8)
-    assert np.array_equal(encoding._unpack_group_words(raw, fields.size, bits, np.uint8), unpacked)
+    assert np.array_equal(bitfields._unpack_group_words(raw, fields.size, bits, np.uint8), unpacked)
     row(f"unpack {bits}-bit fields (chunk tables)", density,
-        lambda: encoding._unpack_group_words(raw, fields.size, bits, np.uint8),
+        lambda: bitfields._unpack_group_words(raw, fields.size, bits, np.uint8),
         lambda: unpack_fixed(packed, fields.size, bits, dtype=np.uint8))  # fmt: skip
 
 

@@ -22,7 +22,7 @@ from _common import finish, progress
 from bench_weight_delta import as_fp32, load_weights, nudge
 
 from rljob.keys import JobKeys
-from rljob.weights import encoding, publisher
+from rljob.weights import changes, publisher
 from rljob.weights.checksum import bf16_bits
 from rljob.weights.device_find import device_baseline, find_changes_torch
 from rljob.weights.parallel import TensorPool
@@ -63,12 +63,12 @@ def main() -> None:
         for start in range(0, numel, publisher._CAST_BLOCK):
             cast(start, min(start + publisher._CAST_BLOCK, numel))
 
-    saved = encoding._COMPARE_BLOCK, publisher._CAST_BLOCK
+    saved = changes._COMPARE_BLOCK, publisher._CAST_BLOCK
     try:
         for threads in (1, 2):
             pool = TensorPool(threads)
             for block in (1 << 18, 1 << 20):
-                encoding._COMPARE_BLOCK = publisher._CAST_BLOCK = block
+                changes._COMPARE_BLOCK = publisher._CAST_BLOCK = block
                 cast = best_of(args.reps, lambda p=pool: p.map(cast_only, order), reset_baseline)
                 find = best_of(args.reps, lambda p=pool: p.map(lambda n: pub._find_one(n, source[n], None), order),
                                reset_baseline)  # fmt: skip
@@ -78,7 +78,7 @@ def main() -> None:
                          f"find pass {find * 1e3:.0f} ms")  # fmt: skip
             pool.close()
     finally:
-        encoding._COMPARE_BLOCK, publisher._CAST_BLOCK = saved
+        changes._COMPARE_BLOCK, publisher._CAST_BLOCK = saved
 
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for device in devices:

@@ -22,8 +22,9 @@ from rljob.weights import (
     named_tensors,
     store,
 )
+from rljob.weights.changes import find_changes
 from rljob.weights.checksum import bf16_bits, change_sum, format_sum
-from rljob.weights.encoding import EncodedDelta, encode_delta, find_changes
+from rljob.weights.encoding import EncodedDelta, encode_delta
 from rljob.weights.manifest import Manifest, TensorEntry
 
 pytestmark = pytest.mark.integration

@@ -10,9 +10,9 @@ import torch
 from rljob.keys import JobKeys
 from rljob.weights import WeightPublisher, WeightReader, store
 from rljob.weights import publisher as publisher_module
+from rljob.weights.changes import find_changes
 from rljob.weights.checksum import bf16_bits
 from rljob.weights.device_find import device_baseline, find_changes_torch, mirror_fits
-from rljob.weights.encoding import find_changes
 
 SPECIALS = np.array(
     [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 3.4e38, -3.4e38, 1.0, -1.0, 1.00390625, 1.001953125],

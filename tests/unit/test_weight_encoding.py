@@ -10,26 +10,22 @@ import torch
 
 from rljob.weights import encoding
 from rljob.weights.apply import apply_delta
+from rljob.weights.bitfields import pack_fixed, unpack_fixed
+from rljob.weights.changes import find_changes
 from rljob.weights.checksum import bf16_bits, change_sum, tensor_checksum
 from rljob.weights.encoding import (
     DeltaFormatError,
     EncodedDelta,
     apply_delta_bits,
     decode_delta,
-    ef_pack,
-    ef_unpack,
     encode_changes,
     encode_delta,
-    find_changes,
     from_ordered,
-    pack_fixed,
-    rice_decode,
-    rice_encode,
     to_ordered,
     ulp_unzigzag,
     ulp_zigzag,
-    unpack_fixed,
 )
+from rljob.weights.intcodes import ef_pack, ef_unpack, rice_decode, rice_encode
 
 CODECS = [(p, v) for p in ("ef", "rice", "bitmask", "dense") for v in ("raw", "ulp", "ulpr", "ulpf")]
 SHAPES = [(), (1,), (7,), (3, 5, 7), (1023,), (64, 33)]

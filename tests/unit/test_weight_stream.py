@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from rljob.weights.apply import apply_stream, gather_bits, scatter_bits
+from rljob.weights.changes import Changes, find_changes, merge_changes
 from rljob.weights.checksum import bf16_bits, change_sum
-from rljob.weights.encoding import Changes, DeltaFormatError, EncodedDelta, encode_changes, find_changes, merge_changes
+from rljob.weights.encoding import DeltaFormatError, EncodedDelta, encode_changes
 from rljob.weights.parallel import TensorPool
 
 SHAPES = [(7, 5), (0,), (1,), (300,), (), (64, 33)]

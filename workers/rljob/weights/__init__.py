@@ -1,7 +1,8 @@
 """Weight store: trainer publishes bf16 versions (full or delta) to Redis, rollout workers sync.
 
-See `publisher` (trainer side), `reader` (rollout side), `encoding` (pure delta codecs),
-`apply` (in-place writes), `store` (Redis layout), `manifest` (what a version is).
+See `publisher` (trainer side), `reader` (rollout side), `changes` (finding what changed),
+`encoding` (pure delta codecs, built on `intcodes` for positions and `bitfields` for packing),
+`checksum`, `apply` (in-place writes), `store` (Redis layout), `manifest` (what a version is).
 """
 
 from rljob.weights.apply import apply_delta, named_tensors

@@ -16,13 +16,8 @@ import numpy as np
 import torch
 
 from rljob.weights.checksum import change_sum, change_sum_of_parts
-from rljob.weights.encoding import (
-    DeltaFormatError,
-    EncodedDelta,
-    decode_positions,
-    decode_values,
-    needs_old_values,
-)
+from rljob.weights.encoding import EncodedDelta, decode_positions, decode_values, needs_old_values
+from rljob.weights.errors import DeltaFormatError
 from rljob.weights.parallel import TensorPool
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)

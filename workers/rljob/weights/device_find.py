@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rljob.weights.encoding import Changes
+from rljob.weights.changes import Changes
 
 # Elements per block: bounds the temporaries (a bf16 cast and a bool mask, 3 bytes per element)
 # to 192 MiB on the device, while each block is large enough to keep a GPU busy.

@@ -40,9 +40,10 @@ from rljob.config import WeightSyncSpec
 from rljob.keys import JobKeys
 from rljob.weights import store
 from rljob.weights.apply import named_tensors
+from rljob.weights.changes import BlockSource, Changes, find_changes, merge_changes
 from rljob.weights.checksum import bf16_bits, bits_checksum, change_sum, format_sum
 from rljob.weights.device_find import device_baseline, find_changes_torch, mirror_fits
-from rljob.weights.encoding import BlockSource, Changes, EncodedDelta, encode_changes, find_changes, merge_changes
+from rljob.weights.encoding import EncodedDelta, encode_changes
 from rljob.weights.gcpause import gc_paused
 from rljob.weights.manifest import Manifest, TensorEntry
 from rljob.weights.parallel import TensorPool

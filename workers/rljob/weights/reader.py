@@ -29,7 +29,8 @@ from rljob.keys import JobKeys
 from rljob.weights import store
 from rljob.weights.apply import apply_delta, apply_stream, ensure_target, named_tensors, write_full
 from rljob.weights.checksum import format_sum, tensor_checksum
-from rljob.weights.encoding import DeltaFormatError, EncodedDelta
+from rljob.weights.encoding import EncodedDelta
+from rljob.weights.errors import DeltaFormatError
 from rljob.weights.gcpause import gc_paused
 from rljob.weights.manifest import Manifest, TensorEntry
 from rljob.weights.parallel import TensorPool

@@ -1,0 +1,151 @@
+"""Integer-sequence codes for sorted positions and small non-negative values: Rice (gap-coded,
+a unary quotient stream plus k-bit remainders) and Elias-Fano (whole-byte low parts plus a unary
+stream of the high parts). Sizes can be computed or estimated without coding, so a caller picks
+the smaller code first and builds only that one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rljob.weights.bitfields import FAST_WIDTHS, WORD_TYPES, field_type, pack_fixed, unpack_fixed
+from rljob.weights.errors import DeltaFormatError
+
+_EF_LOW_BITS = (0, 8, 16)  # whole bytes: the low parts need no bit packing
+# best_rice_k looks at about this many values (each candidate k costs a pass over them).
+_RICE_K_SAMPLE = 1 << 18
+
+
+def rice_cost_bits(values: np.ndarray, k: int) -> int:
+    return int(values.size * (k + 1) + int(np.sum(values >> k)))
+
+
+def best_rice_k(values: np.ndarray) -> int:
+    """The Rice parameter that minimises the coded size, among widths `pack_fixed` packs fast.
+
+    Searched next to log2 of the mean (where the optimum of a geometric distribution lies); the
+    fast-width restriction costs at most a fraction of a bit.
+    """
+    if values.size == 0:
+        return 0
+    if values.size > _RICE_K_SAMPLE:  # choosing k needs only the distribution: a strided sample
+        values = values[:: values.size // _RICE_K_SAMPLE]
+    total = int(values.sum())
+    guess = max(0, int(np.log2(total / values.size * 0.69 + 1.0)))
+    candidates = [k for k in FAST_WIDTHS if guess - 1 <= k <= guess + 2]
+
+    def cost(k: int) -> int:
+        return values.size * (k + 1) + (total if k == 0 else int(np.sum(values >> k)))
+
+    return min(candidates, key=cost)
+
+
+def estimate_rice_bits(count: int, gap_sum: int) -> int:
+    """Approximate Rice size of `count` geometric gaps summing to `gap_sum` (no pass over them):
+    the quotients sum to about gap_sum / 2^k less half a unit per gap for the rounding down."""
+    if count == 0:
+        return 0
+
+    def cost(k: int) -> int:
+        return count * (k + 1) + max(0, (gap_sum >> k) - ((count * ((1 << k) - 1)) >> (k + 1)))
+
+    # The optimum is near log2 of the mean gap; a few widths either side cover the rounding.
+    guess = max(0, (gap_sum // count).bit_length() - 1)
+    return min(cost(k) for k in FAST_WIDTHS if guess - 3 <= k <= guess + 3)
+
+
+def ef_cost_bits(count: int, numel: int, low_bits: int) -> int:
+    return count * (low_bits + 1) + (numel >> low_bits) + 1
+
+
+def best_ef_bits(count: int, numel: int) -> int:
+    return min(_EF_LOW_BITS, key=lambda low: ef_cost_bits(count, numel, low))
+
+
+def ef_pack(positions: np.ndarray, low_bits: int) -> tuple[bytes, bytes]:
+    """Elias-Fano: (unary stream of the high parts, bit i + high_i set; low parts as bytes)."""
+    if positions.size == 0:
+        return b"", b""
+    high = positions >> low_bits
+    high += np.arange(positions.size)
+    bits = np.zeros(int(high[-1]) + 1, dtype=np.uint8)
+    bits[high] = 1
+    lower = positions.astype(WORD_TYPES[low_bits]).tobytes() if low_bits else b""  # the cast keeps the low bits
+    return np.packbits(bits).tobytes(), lower
+
+
+def ef_unpack(upper: bytes, lower: bytes, count: int, low_bits: int) -> np.ndarray:
+    if low_bits not in _EF_LOW_BITS:
+        raise DeltaFormatError(f"Elias-Fano low parts of {low_bits} bits are not a supported width")
+    positions = _terminators(upper, count)
+    positions -= np.arange(count)
+    if low_bits:
+        positions <<= low_bits
+        positions |= unpack_fixed(lower, count, low_bits, dtype=field_type(low_bits))
+    return positions
+
+
+def rice_pack(values: np.ndarray, k: int) -> tuple[bytes, bytes]:
+    """Rice-code non-negative integers: (unary quotient bit stream, k-bit remainders)."""
+    if values.size == 0:
+        return b"", b""
+    # The i-th terminator sits at sum_{j <= i} (quotient_j + 1) - 1.
+    terminators = values >> k
+    terminators += 1
+    np.cumsum(terminators, out=terminators)
+    terminators -= 1
+    bits = np.zeros(int(terminators[-1]) + 1, dtype=np.uint8)
+    bits[terminators] = 1
+    return np.packbits(bits).tobytes(), pack_fixed(values & ((1 << k) - 1), k)
+
+
+def _terminators(unary: bytes, count: int) -> np.ndarray:
+    # Viewed as bool, the 0/1 bytes take numpy's fast nonzero path (5x the uint8 one, benchmarks/bench_weight_pass.py).
+    terminators = np.flatnonzero(np.unpackbits(np.frombuffer(unary, dtype=np.uint8)).view(np.bool_))[:count]
+    if terminators.size != count:
+        raise DeltaFormatError(f"rice stream holds {terminators.size} values, expected {count}")
+    return terminators
+
+
+def rice_unpack(unary: bytes, low: bytes, count: int, k: int) -> np.ndarray:
+    """Inverse of `rice_pack` (int64)."""
+    terminators = _terminators(unary, count)
+    quotients = np.diff(terminators, prepend=-1)
+    quotients -= 1
+    if k == 0:
+        return quotients
+    quotients <<= k
+    quotients |= unpack_fixed(low, count, k, dtype=field_type(k))
+    return quotients
+
+
+def position_gaps(positions: np.ndarray) -> np.ndarray:
+    gaps = np.empty_like(positions)
+    if positions.size:
+        gaps[0] = positions[0]
+        np.subtract(positions[1:], positions[:-1], out=gaps[1:])
+        gaps[1:] -= 1
+    return gaps
+
+
+def rice_encode(positions: np.ndarray, k: int) -> tuple[bytes, bytes]:
+    """Gap-code strictly increasing positions: (unary quotient bit stream, k-bit remainders)."""
+    return rice_pack(position_gaps(positions), k)
+
+
+def rice_decode(unary: bytes, low: bytes, count: int, k: int) -> np.ndarray:
+    # The i-th terminator t_i sits at (sum of the first i+1 quotients) + i, so position i is
+    # (t_i - i) * 2^k + i + (running sum of the remainders), which is
+    # t_i * 2^k + (running sum of (remainder + 1 - 2^k)) + 2^k - 1: no ramp of i is materialised.
+    terminators = _terminators(unary, count)
+    if k == 0:
+        return terminators
+    # Narrow integers where they cannot overflow: these passes are memory-bound, so fewer bytes
+    # per value is faster (the remainders as int8 for k <= 7, their running sum as int32).
+    shifted = unpack_fixed(low, count, k, dtype=np.int8 if k <= 7 else np.int16 if k <= 15 else np.int32)
+    shifted -= shifted.dtype.type((1 << k) - 1)
+    total_type = np.int32 if count * ((1 << k) - 1) < 2**31 else np.int64
+    terminators <<= k
+    terminators += np.cumsum(shifted, dtype=total_type)
+    terminators += (1 << k) - 1
+    return terminators
