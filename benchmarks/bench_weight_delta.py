@@ -66,7 +66,29 @@ def log(message: str) -> None:
     print(message, flush=True)
 
 
+# SmolLM2-135M-Instruct's architecture (from its config.json), for `--weights random`: the same 272
+# tensors and 134.5M values with a seeded random init, where the model file cannot be had (a GPU
+# machine that reaches nothing and takes 64 MiB of files along).
+SMOLLM2_SHAPE = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+                 "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "max_position_embeddings": 8192,
+                 "rms_norm_eps": 1e-5, "tie_word_embeddings": True}  # fmt: skip
+MODELS = {
+    "smollm2": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantised, fp32 masters)",
+    "random": "SmolLM2-135M-Instruct's shapes, random init (transformers' Llama init, seed 0), fp32 masters",
+}
+WEIGHTS = "smollm2"
+
+
+def random_model() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**SMOLLM2_SHAPE)).float()
+
+
 def load_model() -> torch.nn.Module:
+    if WEIGHTS == "random":
+        return random_model().train()
     from transformers import AutoModelForCausalLM
 
     from rljob.assets import smollm2_model_dir
@@ -76,7 +98,9 @@ def load_model() -> torch.nn.Module:
 
 
 def load_weights() -> dict[str, torch.Tensor]:
-    """The fp32 weights alone (no transformers import: keeps --quick quick)."""
+    """The fp32 weights alone (for SmolLM2 no transformers import: keeps --quick quick)."""
+    if WEIGHTS == "random":
+        return {name: p.detach() for name, p in random_model().named_parameters()}
     import safetensors.torch
 
     from rljob.assets import smollm2_model_dir
@@ -309,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--find-on", choices=["auto", "host", "tensor"], default="auto",
                         help="publisher's find pass: auto (GPU weights on the GPU, CPU weights in numpy), host, "
                              "or tensor (the torch/GPU code path, also on CPU weights)")  # fmt: skip
+    parser.add_argument("--weights", choices=sorted(MODELS), default="smollm2",
+                        help="smollm2: the real model (cached here); random: its shapes with a seeded random init, "
+                             "for machines without the model file")  # fmt: skip
     parser.add_argument("--source", choices=["fp32", "bf16"], default="fp32",
                         help="what the sweep publishes from: fp32 masters (a trainer) or bf16 tensors")  # fmt: skip
     args = parser.parse_args(argv)
@@ -321,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         return made if device.type == "cpu" else {n: t.to(device) for n, t in made.items()}
 
     torch.set_num_threads(args.threads)
-    global WEIGHT_THREADS, FIND_ON, CODING
-    WEIGHT_THREADS, FIND_ON, CODING = args.weight_threads, args.find_on, args.coding
+    global WEIGHT_THREADS, FIND_ON, CODING, WEIGHTS
+    WEIGHT_THREADS, FIND_ON, CODING, WEIGHTS = args.weight_threads, args.find_on, args.coding, args.weights
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     steps = 0 if args.quick else args.steps
     reps = 1 if args.quick else args.reps
@@ -468,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "benchmark": "weight_delta",
         "quick": args.quick,
-        "model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantised, fp32 masters)",
+        "model": MODELS[args.weights],
         "numel": numel,
         "sweep_numel": sweep_numel,
         "sweep_source": SOURCES[args.source],

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 
+import bench_weight_delta
 import numpy as np
 import redis
 import torch
@@ -42,7 +43,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--results", default=None, help="folder for weight_pass.json (default docs/results)")
+    parser.add_argument("--weights", choices=sorted(bench_weight_delta.MODELS), default="smollm2",
+                        help="the real model, or its shapes with a random init (as bench_weight_delta.py)")  # fmt: skip
     args = parser.parse_args()
+    bench_weight_delta.WEIGHTS = args.weights
     torch.set_num_threads(1)
     weights = load_weights()
     shapes = {name: tuple(t.shape) for name, t in weights.items()}
@@ -53,7 +57,8 @@ def main() -> None:
     # (redis-py connects on first use).
     pub = publisher.WeightPublisher(redis.Redis(), JobKeys("bench", "pass"), rebase_interval=1, rebase_fraction=1.0,
                                     chunk_bytes=1 << 20, find_on="host", threads=1)  # fmt: skip
-    summary: dict = {"numel": sum(b.size for b in bits.values()), "density": 0.01, "reps": args.reps, "rows": []}
+    summary: dict = {"numel": sum(b.size for b in bits.values()), "density": 0.01, "reps": args.reps,
+                     "model": bench_weight_delta.MODELS[args.weights], "rows": []}  # fmt: skip
 
     def reset_baseline() -> None:
         pub._baseline = {name: b.copy() for name, b in bits.items()}

@@ -32,6 +32,13 @@ def test_weight_delta_quick_through_the_torch_find_path(tmp_path):
     assert (tmp_path / "wd.png").stat().st_size > 0 and (tmp_path / "wd.json").exists()
 
 
+def test_weight_delta_quick_on_random_weights_of_the_same_shapes(tmp_path):
+    """`--weights random` is what scripts/device_checks.sh runs on a GPU machine (no model file there)."""
+    summary = run_benchmark("bench_weight_delta.py", "--quick", "--weights", "random", "--out", str(tmp_path / "wd"))
+    assert "random init" in summary["model"] and summary["numel"] == 134_515_008
+    assert summary["targets"]["lossless_every_version"]
+
+
 def test_weight_pass_runs(tmp_path):
     summary = run_benchmark("bench_weight_pass.py", "--reps", "1", "--results", str(tmp_path))
     assert (tmp_path / "weight_pass.json").exists()
