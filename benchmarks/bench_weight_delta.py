@@ -161,6 +161,7 @@ class Readers:
 
         def run(i: int) -> None:
             results[i] = self.readers[i].sync(self.shadows[i])
+            settle(self.shadows[i])
 
         started, cpu = time.perf_counter(), time.process_time()
         threads = [threading.Thread(target=run, args=(i,)) for i in range(len(self.readers))]
@@ -169,6 +170,13 @@ class Readers:
         for t in threads:
             t.join()
         return time.perf_counter() - started, results, time.process_time() - cpu
+
+
+def settle(tensors: dict[str, torch.Tensor]) -> None:
+    """Wait for queued GPU writes into `tensors`, so a timing covers them (CUDA kernels are
+    asynchronous: a scatter may still be running when the call that queued it returns)."""
+    if any(t.is_cuda for t in tensors.values()):
+        torch.cuda.synchronize()
 
 
 def decode_apply_seconds(
@@ -192,6 +200,7 @@ def decode_apply_seconds(
             if entry.encoding is not None:
                 enc = EncodedDelta.from_meta(entry.encoding, view[entry.offset : entry.offset + entry.length])
                 assert format_sum(apply_delta(targets[entry.name], enc)) == entry.change_sum
+    settle(targets)
     decode_seconds, decode_cpu = time.perf_counter() - started, time.thread_time() - cpu
     started = time.perf_counter()
     verify_checksums(targets, manifest, [entry.name for entry in manifest.tensors if entry.checksum])
