@@ -104,7 +104,7 @@ class TensorPool:
             done: Future[R] = Future()
             try:
                 done.set_result(fn())
-            except BaseException as error:  # delivered by result(), as from a thread
+            except Exception as error:  # delivered by result(), as from a thread
                 done.set_exception(error)
             return done
         if self._pool is None:
