@@ -105,14 +105,21 @@ def scatter_bits(tensor: torch.Tensor, positions: np.ndarray | None, values: np.
 
 
 def apply_stream(
-    tensors: Sequence[torch.Tensor | None], sizes: Sequence[int], enc: EncodedDelta, pool: TensorPool | None = None
+    tensors: Sequence[torch.Tensor | None],
+    sizes: Sequence[int],
+    enc: EncodedDelta,
+    pool: TensorPool | None = None,
+    *,
+    in_torch: bool | None = None,
 ) -> tuple[int, list[int]]:
     """Apply one delta stream over tensors laid end to end (`sizes` elements each), in place.
 
     A tensor may be None where the stream changes nothing in it. Decoding is one call for the
     whole stream; only the gather of the old values and the scatter of the new ones run per tensor
-    (on `pool`). Returns the change sum over the stream's positions (what the targets held before
-    and hold now) and the indices of the tensors it changed.
+    (on `pool`). Targets in device memory take `_gather_scatter_in_torch` instead (`in_torch`:
+    None decides by the targets' device; True forces that path, which tests run on CPU tensors).
+    Returns the change sum over the stream's positions (what the targets held before and hold
+    now) and the indices of the tensors it changed.
     """
     if enc.numel != sum(sizes):
         raise DeltaFormatError(f"delta stream is for {enc.numel} elements, the tensors have {sum(sizes)}")
@@ -133,6 +140,12 @@ def apply_stream(
             raise ValueError(f"tensor {i} has {target.numel()} elements, the delta stream {sizes[i]}")
     for i, a, b in parts:  # positions local to each tensor, in place (no copy of the whole list)
         positions[a:b] -= offsets[i]
+    starts = np.array([a for _, a, _ in parts], dtype=np.intp)
+    part_offsets = np.array([offsets[i] for i, _, _ in parts], dtype=np.int64)
+    touched = [i for i, _, _ in parts]
+    if in_torch or (in_torch is None and any(_flat(tensors[i]).device.type != "cpu" for i in touched)):
+        old, new = _gather_scatter_in_torch(tensors, parts, positions, enc)
+        return change_sum_of_parts(positions, old, new, starts, part_offsets), touched
     old = np.empty(positions.size, dtype=np.uint16)
 
     def gather(part: tuple[int, int, int]) -> None:
@@ -148,9 +161,42 @@ def apply_stream(
         scatter_bits(tensors[i], positions[a:b], new[a:b])
 
     run(scatter, parts, cost=lambda part: part[2] - part[1])
-    starts = np.array([a for _, a, _ in parts], dtype=np.intp)
-    part_offsets = np.array([offsets[i] for i, _, _ in parts], dtype=np.int64)
-    return change_sum_of_parts(positions, old, new, starts, part_offsets), [i for i, _, _ in parts]
+    return change_sum_of_parts(positions, old, new, starts, part_offsets), touched
+
+
+def _gather_scatter_in_torch(
+    tensors: Sequence[torch.Tensor | None], parts: list[tuple[int, int, int]], positions: np.ndarray, enc: EncodedDelta
+) -> tuple[np.ndarray, np.ndarray]:
+    """Gather, decode and scatter for targets in device memory (one device for the stream).
+
+    The positions cross to the device once, the old patterns come back once and the new ones go
+    over once; every per-tensor gather and scatter is a device kernel. (Per tensor through
+    `gather_bits` / `scatter_bits`, that was three small copies and a synchronisation for each
+    changed tensor.) Returns the old and new patterns as host uint16, for the change sum.
+    """
+    flats = {i: _flat(tensors[i]) for i, _, _ in parts}  # type: ignore[arg-type]
+    device = flats[parts[0][0]].device
+    if any(flat.device != device for flat in flats.values()):
+        raise ValueError("the targets of one delta stream must share a device")
+    with torch.no_grad():
+        index = torch.from_numpy(positions).to(device)
+        old_patterns = torch.empty(positions.size, dtype=torch.int16, device=device)
+        for i, a, b in parts:
+            picked = flats[i][index[a:b]]
+            if picked.dtype == torch.float32:  # an fp32 target's upper halves are its bf16 patterns
+                old_patterns[a:b] = (picked.view(torch.int32) >> 16).to(torch.int16)
+            else:
+                old_patterns[a:b] = picked.view(torch.int16)
+        old = old_patterns.cpu().numpy().view(np.uint16)
+        new = decode_values(enc, old if needs_old_values(enc) else None)
+        new_patterns = torch.from_numpy(new.view(np.int16)).to(device)
+        for i, a, b in parts:
+            flat = flats[i]
+            if flat.dtype == torch.bfloat16:
+                flat.view(torch.int16)[index[a:b]] = new_patterns[a:b]
+            else:  # upper 16 bits the pattern, lower zero (the shift drops the sign extension)
+                flat.view(torch.int32)[index[a:b]] = new_patterns[a:b].to(torch.int32) << 16
+    return old, new
 
 
 def write_full(tensor: torch.Tensor, values: torch.Tensor) -> None:
