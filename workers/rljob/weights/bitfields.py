@@ -78,7 +78,7 @@ def _pack_group_words(values: np.ndarray, bits: int) -> bytes:
 
 def _pack_by_bytes(values: np.ndarray, bits: int) -> bytes:
     """Widths 3, 5, 6 and 7 (groups of 3, 5, 3 or 7 bytes): each byte of a group ORed together
-    from the two or three fields that overlap it, on narrow columns (1.6-3.7x `_pack_group_words`,
+    from the two or three fields that overlap it, on narrow columns (1.5-4.3x `_pack_group_words`,
     which shifts every field into a 32- or 64-bit word and byte-swaps it:
     benchmarks/bench_weight_kernels.py)."""
     n, group = values.size, _group(bits)
@@ -190,7 +190,7 @@ def _chunk_table(bits: int, per: int) -> np.ndarray:
 
 # Widths 3 and 6 (a group of fields is 3 bytes): looked up four or two fields at a time from the
 # group's two 12-bit halves (tables of 4096 entries). 1.7-2.1x (3 bits; Rice remainders at 3-10%
-# density) and 1.2-1.4x (6 bits) faster than shifting each field out of a group word
+# density) and 1.2-2.3x (6 bits) faster than shifting each field out of a group word
 # (benchmarks/bench_weight_kernels.py); 5- and 7-bit chunks gained nothing, so those widths do not.
 _CHUNK_TABLES = {bits: (per, _chunk_table(bits, per)) for bits, per in ((3, 4), (6, 2))}
 # Widths whose groups `_pack_by_bytes` assembles byte by byte.
