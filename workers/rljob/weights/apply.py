@@ -38,15 +38,27 @@ def _flat(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().view(-1)
 
 
-def _bits_at(flat: torch.Tensor, positions: torch.Tensor | None) -> np.ndarray:
-    """bf16 bit patterns of `flat` at `positions` (all when None), as uint16 numpy.
-
-    An fp32 target holds bf16 values exactly, so its upper 16 bits are the pattern (NaN payloads too).
-    """
-    picked = flat if positions is None else flat[positions]
+def _patterns_at(flat: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+    """In torch, on `flat`'s device: the int16 bf16 patterns at `index` (all when None). An fp32
+    target holds bf16 values exactly, so its upper 16 bits are the pattern (NaN payloads too)."""
+    picked = flat if index is None else flat[index]
     if picked.dtype == torch.float32:
-        picked = (picked.view(torch.int32) >> 16).to(torch.int16)
-    return picked.cpu().view(torch.int16).numpy().view(np.uint16)
+        return (picked.view(torch.int32) >> 16).to(torch.int16)
+    return picked.view(torch.int16)
+
+
+def _write_patterns(flat: torch.Tensor, index: torch.Tensor | None, patterns: torch.Tensor) -> None:
+    """In torch: write int16 bf16 `patterns` at `index` of `flat` (all when None); an fp32 target
+    gets the pattern as its upper 16 bits, lower zero (the shift drops the sign extension)."""
+    if flat.dtype == torch.bfloat16:
+        memory, values = flat.view(torch.int16), patterns
+    else:
+        memory, values = flat.view(torch.int32), patterns.to(torch.int32) << 16
+    with torch.no_grad():
+        if index is None:
+            memory.copy_(values)
+        else:
+            memory[index] = values
 
 
 def apply_delta(tensor: torch.Tensor, enc: EncodedDelta) -> int:
@@ -73,7 +85,8 @@ def gather_bits(tensor: torch.Tensor, positions: np.ndarray | None) -> np.ndarra
     (several times faster than torch's advanced indexing on bf16)."""
     flat = _flat(tensor)
     if flat.device.type != "cpu":
-        return _bits_at(flat, None if positions is None else torch.from_numpy(positions).to(flat.device))
+        index = None if positions is None else torch.from_numpy(positions).to(flat.device)
+        return _patterns_at(flat, index).cpu().numpy().view(np.uint16)
     where = slice(None) if positions is None else positions
     if flat.dtype == torch.bfloat16:
         picked = flat.view(torch.int16).numpy().view(np.uint16)[where]
@@ -86,16 +99,8 @@ def scatter_bits(tensor: torch.Tensor, positions: np.ndarray | None, values: np.
     fp32 target holds each bf16 value exactly: upper 16 bits, lower zero."""
     flat = _flat(tensor)
     if flat.device.type != "cpu":
-        new = torch.from_numpy(values.view(np.int16)).view(torch.bfloat16).to(flat.device)
-        with torch.no_grad():
-            if positions is None:
-                flat.copy_(new)
-                return
-            index = torch.from_numpy(positions).to(flat.device)
-            if flat.dtype == torch.bfloat16:
-                flat.view(torch.int16)[index] = new.view(torch.int16)
-            else:
-                flat[index] = new.to(flat.dtype)
+        index = None if positions is None else torch.from_numpy(positions).to(flat.device)
+        _write_patterns(flat, index, torch.from_numpy(values.view(np.int16)).to(flat.device))
         return
     where = slice(None) if positions is None else positions
     if flat.dtype == torch.bfloat16:
@@ -178,24 +183,15 @@ def _gather_scatter_in_torch(
     device = flats[parts[0][0]].device
     if any(flat.device != device for flat in flats.values()):
         raise ValueError("the targets of one delta stream must share a device")
-    with torch.no_grad():
-        index = torch.from_numpy(positions).to(device)
-        old_patterns = torch.empty(positions.size, dtype=torch.int16, device=device)
-        for i, a, b in parts:
-            picked = flats[i][index[a:b]]
-            if picked.dtype == torch.float32:  # an fp32 target's upper halves are its bf16 patterns
-                old_patterns[a:b] = (picked.view(torch.int32) >> 16).to(torch.int16)
-            else:
-                old_patterns[a:b] = picked.view(torch.int16)
-        old = old_patterns.cpu().numpy().view(np.uint16)
-        new = decode_values(enc, old if needs_old_values(enc) else None)
-        new_patterns = torch.from_numpy(new.view(np.int16)).to(device)
-        for i, a, b in parts:
-            flat = flats[i]
-            if flat.dtype == torch.bfloat16:
-                flat.view(torch.int16)[index[a:b]] = new_patterns[a:b]
-            else:  # upper 16 bits the pattern, lower zero (the shift drops the sign extension)
-                flat.view(torch.int32)[index[a:b]] = new_patterns[a:b].to(torch.int32) << 16
+    index = torch.from_numpy(positions).to(device)
+    old_patterns = torch.empty(positions.size, dtype=torch.int16, device=device)
+    for i, a, b in parts:
+        old_patterns[a:b] = _patterns_at(flats[i], index[a:b])
+    old = old_patterns.cpu().numpy().view(np.uint16)
+    new = decode_values(enc, old if needs_old_values(enc) else None)
+    new_patterns = torch.from_numpy(new.view(np.int16)).to(device)
+    for i, a, b in parts:
+        _write_patterns(flats[i], index[a:b], new_patterns[a:b])
     return old, new
 
 

@@ -307,29 +307,36 @@ def _encode_values(
     # Wide steps (real optimizer updates move small weights by many ulp): the byte coding with
     # zlib, or a plain overwrite when steps are huge, can be smaller.
     byte_coded = _encode_values(old, new, "ulp", False, bias)[0]
-    options = [(coded, coded_bytes), (lambda: byte_coded, _zipped_size_estimate(byte_coded[2][0]))]
+    options: list[tuple[Callable[[], ValueCoding], int | None]] = [
+        (coded, coded_bytes),
+        (lambda: byte_coded, _zipped_size_estimate(byte_coded[2][0])),
+    ]
     if top >= _ULP_RAW_THRESHOLD:
         overwrite = raw()
         options.append((lambda: overwrite, _zipped_size_estimate(overwrite[2][0])))
     return _near_smallest(options)
 
 
-def _near_smallest(options: list[tuple[Callable[[], ValueCoding], int]]) -> list[ValueCoding]:
+def _near_smallest(options: list[tuple[Callable[[], ValueCoding], int | None]]) -> list[ValueCoding]:
     """Build only the candidates whose size (exact, or a sampled estimate for zlib streams) is
     within `_KEEP_WITHIN` of the smallest; the caller compresses them and keeps the smallest. On
     the first AdamW step of SmolLM2 the zipped byte coding is 4-7x smaller than the Rice-coded steps
-    and the zipped overwrite, so those two are never packed nor compressed."""
-    smallest = min(size for _, size in options)
-    return [build() for build, size in options if size <= _KEEP_WITHIN * smallest]
+    and the zipped overwrite, so those two are never packed nor compressed. A size of None (a
+    stream too small to sample) builds them all: they are cheap, and sizing one would compress it
+    twice."""
+    if any(size is None for _, size in options):
+        return [build() for build, _ in options]
+    smallest = min(size for _, size in options if size is not None)
+    return [build() for build, size in options if size is not None and size <= _KEEP_WITHIN * smallest]
 
 
-def _zipped_size_estimate(stream: bytes) -> int:
-    """Size of `stream` after `_maybe_zip`: exact for small streams; for large ones, scaled from
-    `_ZIP_SAMPLES` evenly spaced pieces of `_ZIP_SAMPLE_BYTES`, which cover both byte planes
-    (tests/unit/test_weight_encoding.py holds it within 5% on AdamW-like steps)."""
+def _zipped_size_estimate(stream: bytes) -> int | None:
+    """Size of `stream` after `_maybe_zip`, scaled from `_ZIP_SAMPLES` evenly spaced pieces of
+    `_ZIP_SAMPLE_BYTES`, which cover both byte planes (tests/unit/test_weight_encoding.py holds it
+    within 5% on AdamW-like steps); None for a stream too small for sampling to save anything."""
     n = len(stream)
     if n <= 2 * _ZIP_SAMPLES * _ZIP_SAMPLE_BYTES:
-        return len(_maybe_zip(stream)[0])
+        return None
     starts = np.linspace(0, n - _ZIP_SAMPLE_BYTES, _ZIP_SAMPLES).astype(np.int64)
     sampled = sum(len(_maybe_zip(stream[a : a + _ZIP_SAMPLE_BYTES])[0]) for a in starts)
     return min(n, int(sampled / (_ZIP_SAMPLES * _ZIP_SAMPLE_BYTES) * n))

@@ -91,10 +91,8 @@ class TensorPool:
         items = list(items)
         if self.threads == 1 or len(items) < 2:
             return [fn(x) for x in items]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=self._name)
         batches = balanced_batches(items, cost, self.threads * _BATCHES_PER_THREAD)
-        done = self._pool.map(lambda batch: [fn(x) for x in batch], batches)
+        done = self._executor().map(lambda batch: [fn(x) for x in batch], batches)
         return [result for batch in done for result in batch]
 
     def submit(self, fn: Callable[[], R]) -> Future[R]:
@@ -107,9 +105,12 @@ class TensorPool:
             except Exception as error:  # delivered by result(), as from a thread
                 done.set_exception(error)
             return done
+        return self._executor().submit(fn)
+
+    def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=self._name)
-        return self._pool.submit(fn)
+        return self._pool
 
     def close(self) -> None:
         if self._pool is not None:
