@@ -20,8 +20,8 @@ from collections.abc import Callable
 import numpy as np
 from _common import finish, progress
 
-from rljob.weights import bitfields, changes, encoding
-from rljob.weights.bitfields import pack_fixed, unpack_fixed
+from rljob.weights import bitfields, changes, encoding, intcodes
+from rljob.weights.bitfields import field_type, pack_fixed, unpack_fixed
 from rljob.weights.changes import find_changes
 from rljob.weights.checksum import _MASK64, _VALUE_HASH, change_sum_of_parts
 from rljob.weights.encoding import from_ordered, to_ordered, ulp_unzigzag
@@ -41,6 +41,27 @@ def change_sum_whole(positions, old, new, starts, offsets) -> int:
 def unzigzag_whole(old: np.ndarray, zig: np.ndarray) -> np.ndarray:
     step = (zig >> 1).view(np.int16) ^ -(zig & 1).view(np.int16)
     return from_ordered(to_ordered(old) + step)
+
+
+def rice_decode_whole(unary: bytes, low: bytes, count: int, k: int) -> np.ndarray:
+    """Rice-coded positions with the arithmetic after the unary stream as whole-array passes."""
+    terminators = intcodes._terminators(unary, count)
+    shifted = unpack_fixed(low, count, k, dtype=np.int8 if k <= 7 else np.int16 if k <= 15 else np.int32)
+    shifted -= shifted.dtype.type((1 << k) - 1)
+    total_type = np.int32 if count * ((1 << k) - 1) < 2**31 else np.int64
+    terminators <<= k
+    terminators += np.cumsum(shifted, dtype=total_type)
+    terminators += (1 << k) - 1
+    return terminators
+
+
+def ef_unpack_whole(upper: bytes, lower: bytes, count: int, low_bits: int) -> np.ndarray:
+    """Elias-Fano positions with a ramp the size of the changes subtracted in one pass."""
+    positions = intcodes._terminators(upper, count)
+    positions -= np.arange(count)
+    positions <<= low_bits
+    positions |= unpack_fixed(lower, count, low_bits, dtype=field_type(low_bits))
+    return positions
 
 
 def find_per_value(old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -77,6 +98,17 @@ def kernels_at(density: float, base: np.ndarray, rng: np.random.Generator, row: 
     new[changed] = from_ordered(to_ordered(base[changed]) + steps)
     assert np.array_equal(find_per_value(base, new)[0], find_changes(base, new).positions)
     row("find changes (word compare)", density, lambda: find_per_value(base, new), lambda: find_changes(base, new))
+
+    gaps = intcodes.position_gaps(changed)
+    k = intcodes.best_rice_k(gaps)
+    rice = (*intcodes.rice_pack(gaps, k), changed.size, k)
+    assert np.array_equal(rice_decode_whole(*rice), changed) and np.array_equal(intcodes.rice_decode(*rice), changed)
+    row("Rice positions decode (blocked)", density, lambda: rice_decode_whole(*rice),
+        lambda: intcodes.rice_decode(*rice))  # fmt: skip
+    ef = (*intcodes.ef_pack(changed, 8), changed.size, 8)
+    assert np.array_equal(ef_unpack_whole(*ef), changed) and np.array_equal(intcodes.ef_unpack(*ef), changed)
+    row("Elias-Fano positions decode (blocked)", density, lambda: ef_unpack_whole(*ef),
+        lambda: intcodes.ef_unpack(*ef))  # fmt: skip
 
     old_v, new_v = base[changed], new[changed]
     starts = np.arange(0, changed.size, max(1, changed.size // 272), dtype=np.intp)

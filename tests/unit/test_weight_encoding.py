@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from rljob.weights import encoding
+from rljob.weights import encoding, intcodes
 from rljob.weights.apply import apply_delta
 from rljob.weights.bitfields import pack_fixed, unpack_fixed
 from rljob.weights.changes import find_changes
@@ -202,12 +202,16 @@ def test_fixed_width_packing(bits, size):
     assert np.array_equal(unpack_fixed(packed, values.size, bits), values)
 
 
-def test_rice_coding_of_positions():
+@pytest.mark.parametrize("block", [1 << 16, 1000, 7])
+def test_rice_coding_of_positions(block, monkeypatch):
+    monkeypatch.setattr(intcodes, "_DECODE_BLOCK", block)  # the running sum carried across blocks
     rng = np.random.default_rng(8)
     positions = np.flatnonzero(rng.random(100_000) < 0.02)
     for k in range(0, 17):  # int8, int16 and int32 remainders on the way back
         unary, low = rice_encode(positions, k)
         assert np.array_equal(rice_decode(unary, low, positions.size, k), positions)
+    far = np.array([0, 1, 2**33, 2**33 + 5, 2**40], dtype=np.int64)  # positions past int32, huge gaps
+    assert np.array_equal(rice_decode(*rice_encode(far, 30), far.size, 30), far)
 
 
 @pytest.mark.parametrize("block", [1 << 16, 1000, 7])
@@ -312,8 +316,10 @@ def test_find_changes_matches_a_plain_compare_and_advances_in_place(size, densit
     assert np.array_equal(base, new)
 
 
+@pytest.mark.parametrize("block", [1 << 16, 999])
 @pytest.mark.parametrize("low_bits", [0, 8, 16])
-def test_elias_fano_positions_roundtrip(low_bits):
+def test_elias_fano_positions_roundtrip(low_bits, block, monkeypatch):
+    monkeypatch.setattr(intcodes, "_DECODE_BLOCK", block)  # the ramp restarted in every block
     rng = np.random.default_rng(13)
     positions = np.flatnonzero(rng.random(300_000) < 0.01)
     upper, lower = ef_pack(positions, low_bits)

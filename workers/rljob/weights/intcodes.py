@@ -11,7 +11,14 @@ import numpy as np
 from rljob.weights.bitfields import FAST_WIDTHS, WORD_TYPES, field_type, pack_fixed, unpack_fixed
 from rljob.weights.errors import DeltaFormatError
 
-_EF_LOW_BITS = (0, 8, 16)  # whole bytes: the low parts need no bit packing
+# Whole bytes: the low parts need no bit packing. Bit-packed widths nearer log2(numel / count) would
+# code 0.5-1% density about a bit per change smaller, at the cost of packing time for the publisher
+# and a longer unary stream for the reader, on the path whose latency matters most.
+_EF_LOW_BITS = (0, 8, 16)
+# Values per block in the decoders' arithmetic after the unary stream: the block's slice of the
+# output and a reused buffer stay in L2, instead of three or four passes over arrays of int64 the
+# size of the changes (benchmarks/bench_weight_kernels.py).
+_DECODE_BLOCK = 1 << 16
 # best_rice_k looks at about this many values (each candidate k costs a pass over them).
 _RICE_K_SAMPLE = 1 << 18
 
@@ -75,13 +82,20 @@ def ef_pack(positions: np.ndarray, low_bits: int) -> tuple[bytes, bytes]:
 
 
 def ef_unpack(upper: bytes, lower: bytes, count: int, low_bits: int) -> np.ndarray:
+    """Inverse of `ef_pack`: position i is (t_i - i) << low_bits | low_i, t_i the i-th set bit."""
     if low_bits not in _EF_LOW_BITS:
         raise DeltaFormatError(f"Elias-Fano low parts of {low_bits} bits are not a supported width")
     positions = _terminators(upper, count)
-    positions -= np.arange(count)
-    if low_bits:
-        positions <<= low_bits
-        positions |= unpack_fixed(lower, count, low_bits, dtype=field_type(low_bits))
+    low = unpack_fixed(lower, count, low_bits, dtype=field_type(low_bits)) if low_bits else None
+    ramp = np.arange(min(_DECODE_BLOCK, count), dtype=np.int64)
+    for a in range(0, count, _DECODE_BLOCK):
+        b = min(a + _DECODE_BLOCK, count)
+        block = positions[a:b]
+        block -= ramp[: b - a]
+        block -= a
+        if low is not None:
+            block <<= low_bits
+            block |= low[a:b]
     return positions
 
 
@@ -140,12 +154,18 @@ def rice_decode(unary: bytes, low: bytes, count: int, k: int) -> np.ndarray:
     terminators = _terminators(unary, count)
     if k == 0:
         return terminators
-    # Narrow integers where they cannot overflow: these passes are memory-bound, so fewer bytes
-    # per value is faster (the remainders as int8 for k <= 7, their running sum as int32).
+    # The remainders unpack as the narrowest integer that holds them (int8 for k <= 7: fewer bytes
+    # per pass); the rest runs in blocks, the running sum carried from one block to the next.
     shifted = unpack_fixed(low, count, k, dtype=np.int8 if k <= 7 else np.int16 if k <= 15 else np.int32)
     shifted -= shifted.dtype.type((1 << k) - 1)
-    total_type = np.int32 if count * ((1 << k) - 1) < 2**31 else np.int64
-    terminators <<= k
-    terminators += np.cumsum(shifted, dtype=total_type)
-    terminators += (1 << k) - 1
+    running = np.empty(min(_DECODE_BLOCK, count), dtype=np.int64)
+    carry = (1 << k) - 1
+    for a in range(0, count, _DECODE_BLOCK):
+        b = min(a + _DECODE_BLOCK, count)
+        block, total = terminators[a:b], running[: b - a]
+        np.cumsum(shifted[a:b], dtype=np.int64, out=total)
+        total += carry
+        carry = int(total[-1])
+        block <<= k
+        block += total
     return terminators
