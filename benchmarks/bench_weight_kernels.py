@@ -43,6 +43,18 @@ def unzigzag_whole(old: np.ndarray, zig: np.ndarray) -> np.ndarray:
     return from_ordered(to_ordered(old) + step)
 
 
+def rice_encode_whole(positions: np.ndarray, k: int) -> tuple[bytes, bytes]:
+    """Rice-coded positions from an array of all gaps, with whole-array passes over int64."""
+    gaps = intcodes.position_gaps(positions)
+    terminators = gaps >> k
+    terminators += 1
+    np.cumsum(terminators, out=terminators)
+    terminators -= 1
+    bits = np.zeros(int(terminators[-1]) + 1, dtype=np.uint8)
+    bits[terminators] = 1
+    return np.packbits(bits).tobytes(), pack_fixed(gaps & ((1 << k) - 1), k)
+
+
 def rice_decode_whole(unary: bytes, low: bytes, count: int, k: int) -> np.ndarray:
     """Rice-coded positions with the arithmetic after the unary stream as whole-array passes."""
     terminators = intcodes._terminators(unary, count)
@@ -99,9 +111,11 @@ def kernels_at(density: float, base: np.ndarray, rng: np.random.Generator, row: 
     assert np.array_equal(find_per_value(base, new)[0], find_changes(base, new).positions)
     row("find changes (word compare)", density, lambda: find_per_value(base, new), lambda: find_changes(base, new))
 
-    gaps = intcodes.position_gaps(changed)
-    k = intcodes.best_rice_k(gaps)
-    rice = (*intcodes.rice_pack(gaps, k), changed.size, k)
+    k = intcodes.best_rice_k_of_gaps(changed)
+    assert rice_encode_whole(changed, k) == intcodes.rice_encode(changed, k)
+    row("Rice positions encode (blocked)", density, lambda: rice_encode_whole(changed, k),
+        lambda: intcodes.rice_encode(changed, k))  # fmt: skip
+    rice = (*intcodes.rice_encode(changed, k), changed.size, k)
     assert np.array_equal(rice_decode_whole(*rice), changed) and np.array_equal(intcodes.rice_decode(*rice), changed)
     row("Rice positions decode (blocked)", density, lambda: rice_decode_whole(*rice),
         lambda: intcodes.rice_decode(*rice))  # fmt: skip

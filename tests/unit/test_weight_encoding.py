@@ -25,7 +25,17 @@ from rljob.weights.encoding import (
     ulp_unzigzag,
     ulp_zigzag,
 )
-from rljob.weights.intcodes import ef_pack, ef_unpack, rice_decode, rice_encode
+from rljob.weights.intcodes import (
+    best_rice_k,
+    best_rice_k_of_gaps,
+    ef_pack,
+    ef_unpack,
+    position_gaps,
+    rice_decode,
+    rice_encode,
+    rice_pack,
+    rice_unpack,
+)
 
 CODECS = [(p, v) for p in ("ef", "rice", "bitmask", "dense") for v in ("raw", "ulp", "ulpr", "ulpf")]
 SHAPES = [(), (1,), (7,), (3, 5, 7), (1023,), (64, 33)]
@@ -210,6 +220,11 @@ def test_rice_coding_of_positions(block, monkeypatch):
     for k in range(0, 17):  # int8, int16 and int32 remainders on the way back
         unary, low = rice_encode(positions, k)
         assert np.array_equal(rice_decode(unary, low, positions.size, k), positions)
+    for dtype in (np.uint8, np.uint16, np.int32, np.int64):  # any integer values, cut into blocks
+        values = rng.integers(0, 200, size=5_000).astype(dtype)
+        unary, low = rice_pack(values, 4)
+        assert np.array_equal(rice_unpack(unary, low, values.size, 4), values)
+        assert (len(unary) * 8 - 7, len(low) * 8) <= (int((values >> 4).sum()) + values.size, values.size * 4 + 7)
     far = np.array([0, 1, 2**33, 2**33 + 5, 2**40], dtype=np.int64)  # positions past int32, huge gaps
     assert np.array_equal(rice_decode(*rice_encode(far, 30), far.size, 30), far)
 
@@ -314,6 +329,14 @@ def test_find_changes_matches_a_plain_compare_and_advances_in_place(size, densit
     advanced = find_changes(base, new, advance=True)
     assert np.array_equal(advanced.positions, expected) and np.array_equal(advanced.old, old[expected])
     assert np.array_equal(base, new)
+
+
+@pytest.mark.parametrize("size", [1, 5, 1000, 300_000, 1 << 20])
+def test_rice_parameter_from_sampled_gaps(size):
+    """The publisher picks k from sampled gaps without making them all: the same k as from all."""
+    rng = np.random.default_rng(size)
+    positions = np.sort(rng.choice(size * 40, size=size, replace=False)).astype(np.int64)
+    assert best_rice_k_of_gaps(positions) == best_rice_k(position_gaps(positions))
 
 
 @pytest.mark.parametrize("block", [1 << 16, 999])

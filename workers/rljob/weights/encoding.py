@@ -54,13 +54,14 @@ from rljob.weights.errors import DeltaFormatError
 from rljob.weights.intcodes import (
     best_ef_bits,
     best_rice_k,
+    best_rice_k_of_gaps,
     ef_cost_bits,
     ef_pack,
     ef_unpack,
     estimate_rice_bits,
-    position_gaps,
     rice_cost_bits,
     rice_decode,
+    rice_encode,
     rice_pack,
     rice_unpack,
 )
@@ -299,7 +300,7 @@ def _encode_values(
     else:
 
         def coded() -> ValueCoding:
-            return ("ulpr", k, list(rice_pack(steps.astype(np.int64), k)), [False, False])
+            return ("ulpr", k, list(rice_pack(steps, k)), [False, False])
 
         coded_bytes = (rice_bits + 7) // 8 + 1  # two streams, each rounded up to whole bytes
     if forced is not None or width <= 4:
@@ -506,9 +507,8 @@ def _position_codings(changes: Changes, numel: int, forced: str | None, sparse: 
         mask[changes.positions] = True
         options.append(("bitmask", 0, [(np.packbits(mask).tobytes(), True)]))
     if forced == "rice" or (forced is None and sparse and rice_bits < _RICE_OVER_EF * ef_bits):
-        gaps = position_gaps(changes.positions)
-        k = best_rice_k(gaps)
-        unary, low = rice_pack(gaps, k)
+        k = best_rice_k_of_gaps(changes.positions)
+        unary, low = rice_encode(changes.positions, k)
         options.append(("rice", k, [(unary, False), (low, False)]))
     elif forced == "ef" or (forced is None and sparse):
         upper, lower = ef_pack(changes.positions, low_bits)

@@ -6,6 +6,8 @@ the smaller code first and builds only that one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from rljob.weights.bitfields import FAST_WIDTHS, WORD_TYPES, field_type, pack_fixed, unpack_fixed
@@ -35,8 +37,25 @@ def best_rice_k(values: np.ndarray) -> int:
     """
     if values.size == 0:
         return 0
-    if values.size > _RICE_K_SAMPLE:  # choosing k needs only the distribution: a strided sample
-        values = values[:: values.size // _RICE_K_SAMPLE]
+    # Choosing k needs only the distribution: a strided sample.
+    return _best_k_of_sample(values[:: _sample_stride(values.size)])
+
+
+def best_rice_k_of_gaps(positions: np.ndarray) -> int:
+    """`best_rice_k(position_gaps(positions))`, from the sampled gaps alone (no array of all gaps)."""
+    if positions.size == 0:
+        return 0
+    picked = np.arange(0, positions.size, _sample_stride(positions.size))
+    sample = positions[picked]
+    sample[1:] -= positions[picked[1:] - 1] + 1
+    return _best_k_of_sample(sample)
+
+
+def _sample_stride(size: int) -> int:
+    return size // _RICE_K_SAMPLE if size > _RICE_K_SAMPLE else 1
+
+
+def _best_k_of_sample(values: np.ndarray) -> int:
     total = int(values.sum())
     guess = max(0, int(np.log2(total / values.size * 0.69 + 1.0)))
     candidates = [k for k in FAST_WIDTHS if guess - 1 <= k <= guess + 2]
@@ -100,17 +119,47 @@ def ef_unpack(upper: bytes, lower: bytes, count: int, low_bits: int) -> np.ndarr
 
 
 def rice_pack(values: np.ndarray, k: int) -> tuple[bytes, bytes]:
-    """Rice-code non-negative integers: (unary quotient bit stream, k-bit remainders)."""
+    """Rice-code non-negative integers of any integer dtype: (unary quotient bit stream, k-bit
+    remainders)."""
     if values.size == 0:
         return b"", b""
-    # The i-th terminator sits at sum_{j <= i} (quotient_j + 1) - 1.
-    terminators = values >> k
-    terminators += 1
-    np.cumsum(terminators, out=terminators)
-    terminators -= 1
-    bits = np.zeros(int(terminators[-1]) + 1, dtype=np.uint8)
-    bits[terminators] = 1
-    return np.packbits(bits).tobytes(), pack_fixed(values & ((1 << k) - 1), k)
+    buffer = np.empty(min(_DECODE_BLOCK, values.size), dtype=np.int64)
+
+    def block_of(a: int, b: int) -> np.ndarray:
+        if values.dtype == np.int64:
+            return values[a:b]
+        np.copyto(buffer[: b - a], values[a:b], casting="unsafe")  # callers pass non-negative values
+        return buffer[: b - a]
+
+    return _rice_pack_blocks(values.size, block_of, k, int(values.sum(dtype=np.int64)))
+
+
+def _rice_pack_blocks(
+    count: int, block_of: Callable[[int, int], np.ndarray], k: int, total: int
+) -> tuple[bytes, bytes]:
+    """Rice-code `count` values handed out in blocks by `block_of(a, b)` (int64, summing to
+    `total`), with each block's terminators and remainders made in cache.
+
+    The i-th terminator sits at sum_{j <= i} (quotient_j + 1) - 1: a running sum carried from
+    block to block. Whole-array passes over int64 temporaries the size of the values made this
+    the slowest step of publishing at 3-10% density (benchmarks/bench_weight_kernels.py).
+    """
+    bits = np.zeros((total >> k) + count, dtype=np.uint8)  # sum(v >> k) <= total >> k
+    low = np.empty(count, dtype=field_type(k)) if k else None
+    ends = np.empty(min(_DECODE_BLOCK, count), dtype=np.int64)
+    last = -1
+    for a in range(0, count, _DECODE_BLOCK):
+        b = min(a + _DECODE_BLOCK, count)
+        values, terminators = block_of(a, b), ends[: b - a]
+        np.right_shift(values, k, out=terminators)
+        terminators += 1
+        np.cumsum(terminators, out=terminators)
+        terminators += last
+        bits[terminators] = 1
+        last = int(terminators[-1])
+        if low is not None:
+            np.bitwise_and(values, (1 << k) - 1, out=low[a:b], casting="unsafe")
+    return np.packbits(bits[: last + 1]).tobytes(), pack_fixed(low, k) if low is not None else b""
 
 
 def _terminators(unary: bytes, count: int) -> np.ndarray:
@@ -143,8 +192,25 @@ def position_gaps(positions: np.ndarray) -> np.ndarray:
 
 
 def rice_encode(positions: np.ndarray, k: int) -> tuple[bytes, bytes]:
-    """Gap-code strictly increasing positions: (unary quotient bit stream, k-bit remainders)."""
-    return rice_pack(position_gaps(positions), k)
+    """Gap-code strictly increasing positions: (unary quotient bit stream, k-bit remainders).
+
+    The gaps are made a block at a time, never as one array."""
+    count = positions.size
+    if count == 0:
+        return b"", b""
+    buffer = np.empty(min(_DECODE_BLOCK, count), dtype=np.int64)
+
+    def gaps(a: int, b: int) -> np.ndarray:
+        out = buffer[: b - a]
+        if a == 0:
+            out[0] = positions[0] + 1  # as if a change sat at -1
+            np.subtract(positions[1:b], positions[: b - 1], out=out[1:])
+        else:
+            np.subtract(positions[a:b], positions[a - 1 : b - 1], out=out)
+        out -= 1
+        return out
+
+    return _rice_pack_blocks(count, gaps, k, int(positions[-1]) + 1 - count)
 
 
 def rice_decode(unary: bytes, low: bytes, count: int, k: int) -> np.ndarray:
