@@ -179,9 +179,34 @@ def from_ordered(ordered: np.ndarray) -> np.ndarray:
 
 
 def ulp_zigzag(old: np.ndarray, new: np.ndarray) -> np.ndarray:
-    """Signed ulp steps old -> new (wrapping mod 2^16, so exact for every pattern), zig-zag coded."""
-    step = to_ordered(new) - to_ordered(old)
-    return ((step << 1) ^ (step >> 15)).view(np.uint16)
+    """Signed ulp steps old -> new (wrapping mod 2^16, so exact for every pattern), zig-zag coded.
+
+    In blocks with two small reused buffers and in-place ufuncs, as `ulp_unzigzag` (the same
+    arithmetic as `to_ordered`, whose whole-array form makes a temporary per operation).
+    """
+    old_s = np.ascontiguousarray(old).reshape(-1).view(np.int16)
+    new_s = np.ascontiguousarray(new).reshape(-1).view(np.int16)
+    count = old_s.size
+    out = np.empty(count, dtype=np.uint16)
+    if count == 0:
+        return out
+    step_buf, sign_buf = np.empty(min(_ULP_BLOCK, count), dtype=np.int16), np.empty(min(_ULP_BLOCK, count), np.int16)
+    magnitude = np.int16(0x7FFF)
+    result = out.view(np.int16)
+    for a in range(0, count, _ULP_BLOCK):
+        b = min(a + _ULP_BLOCK, count)
+        step, sign, o, n, r = step_buf[: b - a], sign_buf[: b - a], old_s[a:b], new_s[a:b], result[a:b]
+        np.right_shift(n, 15, out=sign)  # step = to_ordered(new) - to_ordered(old)
+        sign &= magnitude
+        np.bitwise_xor(n, sign, out=step)
+        np.right_shift(o, 15, out=sign)
+        sign &= magnitude
+        sign ^= o
+        step -= sign
+        np.left_shift(step, 1, out=r)  # r = (step << 1) ^ (step >> 15)
+        step >>= 15
+        r ^= step
+    return out
 
 
 def ulp_unzigzag(old: np.ndarray, zig: np.ndarray) -> np.ndarray:
