@@ -214,7 +214,7 @@ def test_fixed_width_packing(bits, size):
 
 @pytest.mark.parametrize("block", [1 << 16, 1000, 7])
 def test_rice_coding_of_positions(block, monkeypatch):
-    monkeypatch.setattr(intcodes, "_DECODE_BLOCK", block)  # the running sum carried across blocks
+    monkeypatch.setattr(intcodes, "_BLOCK", block)  # the running sum carried across blocks
     rng = np.random.default_rng(8)
     positions = np.flatnonzero(rng.random(100_000) < 0.02)
     for k in range(0, 17):  # int8, int16 and int32 remainders on the way back
@@ -346,7 +346,7 @@ def test_rice_parameter_from_sampled_gaps(size):
 @pytest.mark.parametrize("block", [1 << 16, 999])
 @pytest.mark.parametrize("low_bits", [0, 8, 16])
 def test_elias_fano_positions_roundtrip(low_bits, block, monkeypatch):
-    monkeypatch.setattr(intcodes, "_DECODE_BLOCK", block)  # the ramp restarted in every block
+    monkeypatch.setattr(intcodes, "_BLOCK", block)  # the ramp restarted in every block
     rng = np.random.default_rng(13)
     positions = np.flatnonzero(rng.random(300_000) < 0.01)
     upper, lower = ef_pack(positions, low_bits)

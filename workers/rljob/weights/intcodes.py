@@ -17,10 +17,10 @@ from rljob.weights.errors import DeltaFormatError
 # code 0.5-1% density about a bit per change smaller, at the cost of packing time for the publisher
 # and a longer unary stream for the reader, on the path whose latency matters most.
 _EF_LOW_BITS = (0, 8, 16)
-# Values per block in the decoders' arithmetic after the unary stream: the block's slice of the
-# output and a reused buffer stay in L2, instead of three or four passes over arrays of int64 the
-# size of the changes (benchmarks/bench_weight_kernels.py).
-_DECODE_BLOCK = 1 << 16
+# Values per block in Rice coding and in both decoders' arithmetic after the unary stream: a
+# block's slices and reused buffers stay in L2, instead of three or four passes over int64 arrays
+# the size of the changes (benchmarks/bench_weight_kernels.py).
+_BLOCK = 1 << 16
 # best_rice_k looks at about this many values (each candidate k costs a pass over them).
 _RICE_K_SAMPLE = 1 << 18
 
@@ -106,9 +106,9 @@ def ef_unpack(upper: bytes, lower: bytes, count: int, low_bits: int) -> np.ndarr
         raise DeltaFormatError(f"Elias-Fano low parts of {low_bits} bits are not a supported width")
     positions = _terminators(upper, count)
     low = unpack_fixed(lower, count, low_bits, dtype=field_type(low_bits)) if low_bits else None
-    ramp = np.arange(min(_DECODE_BLOCK, count), dtype=np.int64)
-    for a in range(0, count, _DECODE_BLOCK):
-        b = min(a + _DECODE_BLOCK, count)
+    ramp = np.arange(min(_BLOCK, count), dtype=np.int64)
+    for a in range(0, count, _BLOCK):
+        b = min(a + _BLOCK, count)
         block = positions[a:b]
         block -= ramp[: b - a]
         block -= a
@@ -123,7 +123,7 @@ def rice_pack(values: np.ndarray, k: int) -> tuple[bytes, bytes]:
     remainders)."""
     if values.size == 0:
         return b"", b""
-    buffer = np.empty(min(_DECODE_BLOCK, values.size), dtype=np.int64)
+    buffer = np.empty(min(_BLOCK, values.size), dtype=np.int64)
 
     def block_of(a: int, b: int) -> np.ndarray:
         if values.dtype == np.int64:
@@ -146,10 +146,10 @@ def _rice_pack_blocks(
     """
     bits = np.zeros((total >> k) + count, dtype=np.uint8)  # sum(v >> k) <= total >> k
     low = np.empty(count, dtype=field_type(k)) if k else None
-    ends = np.empty(min(_DECODE_BLOCK, count), dtype=np.int64)
+    ends = np.empty(min(_BLOCK, count), dtype=np.int64)
     last = -1
-    for a in range(0, count, _DECODE_BLOCK):
-        b = min(a + _DECODE_BLOCK, count)
+    for a in range(0, count, _BLOCK):
+        b = min(a + _BLOCK, count)
         values, terminators = block_of(a, b), ends[: b - a]
         np.right_shift(values, k, out=terminators)
         terminators += 1
@@ -198,7 +198,7 @@ def rice_encode(positions: np.ndarray, k: int) -> tuple[bytes, bytes]:
     count = positions.size
     if count == 0:
         return b"", b""
-    buffer = np.empty(min(_DECODE_BLOCK, count), dtype=np.int64)
+    buffer = np.empty(min(_BLOCK, count), dtype=np.int64)
 
     def gaps(a: int, b: int) -> np.ndarray:
         out = buffer[: b - a]
@@ -224,10 +224,10 @@ def rice_decode(unary: bytes, low: bytes, count: int, k: int) -> np.ndarray:
     # per pass); the rest runs in blocks, the running sum carried from one block to the next.
     shifted = unpack_fixed(low, count, k, dtype=np.int8 if k <= 7 else np.int16 if k <= 15 else np.int32)
     shifted -= shifted.dtype.type((1 << k) - 1)
-    running = np.empty(min(_DECODE_BLOCK, count), dtype=np.int64)
+    running = np.empty(min(_BLOCK, count), dtype=np.int64)
     carry = (1 << k) - 1
-    for a in range(0, count, _DECODE_BLOCK):
-        b = min(a + _DECODE_BLOCK, count)
+    for a in range(0, count, _BLOCK):
+        b = min(a + _BLOCK, count)
         block, total = terminators[a:b], running[: b - a]
         np.cumsum(shifted[a:b], dtype=np.int64, out=total)
         total += carry
