@@ -4,7 +4,8 @@ This machine's speed drifts by 20-30% over minutes, so figures from runs an hour
 show a change of that size. Alternating the two revisions (base, this checkout, base, ...) puts
 both under the same conditions; each row keeps the median over the pairs. The base revision is
 checked out in a temporary git worktree and imported from there (PYTHONPATH), with the same
-virtual environment. Writes <out>.json and prints one line per row and metric:
+virtual environment. Writes <out>.json and <out>.png (the gains per row) and prints one line per
+row and metric:
   python benchmarks/compare_revisions.py --base 7d0158c --pairs 2 --out docs/results/weight_delta_ab
 Arguments after `--` go to bench_weight_delta.py (default: none, the full benchmark).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -59,12 +61,35 @@ def compare(base_runs: list[dict], head_runs: list[dict]) -> list[dict]:
     return table
 
 
+def plot(table: list[dict], base: str, path: Path) -> None:
+    """Grouped bars: head/base per row for the speed metrics (above 1: this checkout is better)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = list(dict.fromkeys(entry["row"] for entry in table))
+    shown = [(key, label) for key, label, _ in METRICS if key not in ("bytes_per_changed_value", "latency_1_reader_s")]
+    gains = {(entry["row"], entry["metric"]): entry["gain"] or 0.0 for entry in table}
+    fig, ax = plt.subplots(figsize=(11, 4.2))
+    width = 0.8 / len(shown)
+    for j, (key, label) in enumerate(shown):
+        ax.bar([i + j * width for i in range(len(rows))], [gains[(row, key)] for row in rows], width, label=label)
+    ax.axhline(1.0, color="grey", lw=1)
+    ax.set_xticks([i + width * (len(shown) - 1) / 2 for i in range(len(rows))], rows, fontsize=8)
+    ax.set(ylabel="this checkout / base (median)", title=f"Weight deltas: this checkout against {base[:10]}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", required=True, help="git revision to compare against")
     parser.add_argument("--pairs", type=int, default=2, help="base/head run pairs (each run takes about 2 minutes)")
     parser.add_argument("--out", default="docs/results/weight_delta_ab", help="path stem for the .json")
     args, bench_args = parser.parse_known_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` removes the worktree
     bench_args = [a for a in bench_args if a != "--"]
     base_sha = subprocess.run(["git", "rev-parse", args.base], cwd=REPO, check=True, capture_output=True,
                               text=True).stdout.strip()  # fmt: skip
@@ -94,9 +119,10 @@ def main() -> None:
         "base_runs_full_sync_s": [run["full_sync"]["1"]["latency_s"] for run in base_runs],
         "head_runs_full_sync_s": [run["full_sync"]["1"]["latency_s"] for run in head_runs],
     }
-    out = Path(args.out).with_suffix(".json")
+    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=2) + "\n")
+    out.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot(table, base_sha, out.with_suffix(".png"))
     print(json.dumps({k: v for k, v in summary.items() if k != "table"}))
 
 

@@ -64,4 +64,5 @@ def test_compare_revisions_runs_a_base_and_this_checkout_in_turns(tmp_path):
     table = json.loads((tmp_path / "ab.json").read_text())["table"]
     assert {entry["row"] for entry in table} >= {"synthetic 1%", "synthetic 10%"}
     assert all(entry["base"] > 0 and entry["head"] > 0 and entry["gain"] > 0 for entry in table)
+    assert (tmp_path / "ab.png").stat().st_size > 0
     assert subprocess.run(["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True).stdout == worktrees
