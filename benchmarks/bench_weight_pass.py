@@ -2,7 +2,8 @@
 
 The delta path's floor is the pass that finds the changed bf16 values: cast the fp32 masters to
 bf16 and compare them with the published baseline. This measures, on SmolLM2-135M-Instruct with 1%
-of the values changed: the cast alone, the whole find pass (cast, compare, positions, gathers) with
+of the values changed: reading the masters and the baseline once (plain sums: the floor), the
+cast alone, the whole find pass (cast, compare, positions, gathers) with
 256K- and 1M-element blocks, on 1 and 2 threads; the same pass in torch (`find_changes_torch`, the
 path GPU trainers take) on the CPU, and on CUDA when there is a GPU; and numpy's nonzero on
 unpacked bits read as uint8 vs bool (the reader's unary decoding). Best of `--reps`. Writes
@@ -68,10 +69,20 @@ def main() -> None:
         for start in range(0, numel, publisher._CAST_BLOCK):
             cast(start, min(start + publisher._CAST_BLOCK, numel))
 
+    def read_only(name: str) -> None:
+        """What any find pass must at least do: read the masters and the baseline once (the floor
+        the cast and the compare are measured against)."""
+        source[name].sum()
+        torch.from_numpy(bits[name].view(np.int16)).sum()
+
+    summary["read_alone_s"] = {}
     saved = changes._COMPARE_BLOCK, publisher._CAST_BLOCK
     try:
         for threads in (1, 2):
             pool = TensorPool(threads)
+            read = best_of(args.reps, lambda p=pool: p.map(read_only, order))
+            summary["read_alone_s"][str(threads)] = read
+            progress(f"threads {threads}: reading the masters and the baseline once (sums) {read * 1e3:.0f} ms")
             for block in (1 << 18, 1 << 20):
                 changes._COMPARE_BLOCK = publisher._CAST_BLOCK = block
                 cast = best_of(args.reps, lambda p=pool: p.map(cast_only, order), reset_baseline)

@@ -44,6 +44,7 @@ def test_weight_pass_runs(tmp_path):
     assert (tmp_path / "weight_pass.json").exists()
     devices = {row.get("device") for row in summary["rows"]}
     assert "cpu" in devices and all(row["find_s"] > 0 for row in summary["rows"])
+    assert set(summary["read_alone_s"]) == {"1", "2"} and all(s > 0 for s in summary["read_alone_s"].values())
 
 
 def test_weight_kernels_quick_agree_with_their_references(tmp_path):
