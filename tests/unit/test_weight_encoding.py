@@ -225,6 +225,8 @@ def test_rice_coding_of_positions(block, monkeypatch):
         unary, low = rice_pack(values, 4)
         assert np.array_equal(rice_unpack(unary, low, values.size, 4), values)
         assert (len(unary) * 8 - 7, len(low) * 8) <= (int((values >> 4).sum()) + values.size, values.size * 4 + 7)
+    with pytest.raises(ValueError, match="non-negative"):
+        rice_pack(np.array([3, -1, 2], dtype=np.int32), 2)
     far = np.array([0, 1, 2**33, 2**33 + 5, 2**40], dtype=np.int64)  # positions past int32, huge gaps
     assert np.array_equal(rice_decode(*rice_encode(far, 30), far.size, 30), far)
 

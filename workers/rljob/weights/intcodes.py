@@ -123,12 +123,14 @@ def rice_pack(values: np.ndarray, k: int) -> tuple[bytes, bytes]:
     remainders)."""
     if values.size == 0:
         return b"", b""
+    if values.dtype.kind == "i" and int(values.min()) < 0:
+        raise ValueError("Rice coding takes non-negative integers")
     buffer = np.empty(min(_BLOCK, values.size), dtype=np.int64)
 
     def block_of(a: int, b: int) -> np.ndarray:
         if values.dtype == np.int64:
             return values[a:b]
-        np.copyto(buffer[: b - a], values[a:b], casting="unsafe")  # callers pass non-negative values
+        np.copyto(buffer[: b - a], values[a:b], casting="unsafe")  # exact for values below 2**63
         return buffer[: b - a]
 
     return _rice_pack_blocks(values.size, block_of, k, int(values.sum(dtype=np.int64)))
