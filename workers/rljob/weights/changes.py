@@ -123,8 +123,3 @@ def merge_changes(parts: Sequence[Changes], sizes: Sequence[int]) -> tuple[Chang
         at += c.count
     merged = Changes(positions, np.concatenate([c.old for c in parts]), np.concatenate([c.new for c in parts]))
     return merged, int(offsets[-1])
-
-
-def changed_positions(old_bits: np.ndarray, new_bits: np.ndarray) -> np.ndarray:
-    """Flat int64 positions where two bit-pattern arrays differ."""
-    return find_changes(old_bits, new_bits).positions

@@ -301,9 +301,7 @@ def _encode_values(
         return [raw()]
     zig = ulp_zigzag(old, new)
     if forced == "ulp":
-        if zig.size and int(zig.max()) < 256:
-            return [("ulp", 1, [zig.astype(np.uint8).tobytes()], [True])]
-        return [("ulp", 2, [_split_planes(zig)], [True])]
+        return [_byte_coding(zig)]
     steps = zig - np.uint16(bias) if bias else zig  # uint16; a changed value's step is never 0
     top = int(steps.max()) if steps.size else 0
     width = max(1, top.bit_length())
@@ -329,7 +327,7 @@ def _encode_values(
         return [coded()]
     # Wide steps (real optimizer updates move small weights by many ulp): the byte coding with
     # zlib, or a plain overwrite when steps are huge, can be smaller.
-    byte_coded = _encode_values(old, new, "ulp", False, bias)[0]
+    byte_coded = _byte_coding(zig)
     options: list[tuple[Callable[[], ValueCoding], int | None]] = [
         (coded, coded_bytes),
         (lambda: byte_coded, _zipped_size_estimate(byte_coded[2][0])),
@@ -338,6 +336,14 @@ def _encode_values(
         overwrite = raw()
         options.append((lambda: overwrite, _zipped_size_estimate(overwrite[2][0])))
     return _near_smallest(options)
+
+
+def _byte_coding(zig: np.ndarray) -> ValueCoding:
+    """The ``ulp`` coding: zig-zag steps as whole bytes (one per value when all fit, else two byte
+    planes), for zlib to compress."""
+    if zig.size and int(zig.max()) < 256:
+        return ("ulp", 1, [zig.astype(np.uint8).tobytes()], [True])
+    return ("ulp", 2, [_split_planes(zig)], [True])
 
 
 def _near_smallest(options: list[tuple[Callable[[], ValueCoding], int | None]]) -> list[ValueCoding]:
