@@ -4,9 +4,10 @@ Each row times one kernel of the delta path and a straightforward reference comp
 thing (checked equal first), on synthetic changes spread over 134.5M values (the size of
 SmolLM2-135M) at 1% and 10% density, and prints reference / kernel side by side. The references
 are what the store did before: whole-array expressions whose temporaries are model-sized, a
-per-value comparison, and the group-word path of the fixed-width bit packer (each field shifted
-into or out of one word per group), which other widths still take. Best of `--reps`,
-one thread. Writes docs/results/weight_kernels.json.
+per-value comparison, the group-word path of the fixed-width bit packer (each field shifted
+into or out of one word per group), which other widths still take, numpy's fancy indexing for
+the reader's gather and scatter, and the system zlib (Python's `zlib`) where zlib-ng now runs.
+Best of `--reps`, one thread. Writes docs/results/weight_kernels.json.
   python benchmarks/bench_weight_kernels.py            # about a minute
   python benchmarks/bench_weight_kernels.py --quick    # a tenth of the values
 """
@@ -15,15 +16,18 @@ from __future__ import annotations
 
 import argparse
 import time
+import zlib
 from collections.abc import Callable
 
 import numpy as np
+import torch
 from _common import finish, progress
 
 from rljob.weights import bitfields, changes, encoding, intcodes
+from rljob.weights.apply import gather_bits, scatter_bits
 from rljob.weights.bitfields import field_type, pack_fixed, unpack_fixed
 from rljob.weights.changes import find_changes
-from rljob.weights.checksum import _MASK64, _VALUE_HASH, change_sum_of_parts
+from rljob.weights.checksum import _MASK64, _VALUE_HASH, change_sum_of_parts, chunk_crc
 from rljob.weights.encoding import from_ordered, to_ordered, ulp_unzigzag
 
 _U64 = np.uint64
@@ -79,6 +83,21 @@ def ef_unpack_whole(upper: bytes, lower: bytes, count: int, low_bits: int) -> np
     positions <<= low_bits
     positions |= unpack_fixed(lower, count, low_bits, dtype=field_type(low_bits))
     return positions
+
+
+def deflate_system_zlib(stream: bytes) -> bytes:
+    """`encoding._maybe_zip`'s compression with Python's own zlib (the same settings)."""
+    compressor = zlib.compressobj(encoding._ZLIB_LEVEL, zlib.DEFLATED, 15, 9, zlib.Z_RLE)
+    return compressor.compress(stream) + compressor.flush()
+
+
+def gather_fancy(memory: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
+    """The reader's gather before: numpy fancy indexing, then a copy into the buffer."""
+    out[:] = memory[positions]
+
+
+def scatter_fancy(memory: np.ndarray, positions: np.ndarray, values: np.ndarray) -> None:
+    memory[positions] = values
 
 
 def find_per_value(old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -144,6 +163,36 @@ def kernels_at(density: float, base: np.ndarray, rng: np.random.Generator, row: 
     for bits in bitfields._BYTE_ASSEMBLY_WIDTHS:
         fixed_width_rows(bits, rng.integers(0, 1 << bits, changed.size).astype(np.uint8), density, row)
 
+    apply_rows(base, changed, new_v, density, row)
+    # Value planes like the first real AdamW step's (ulp2+z): mostly 1-2 ulp, a few percent of
+    # steps in the thousands (values near zero).
+    wide = rng.random(changed.size) < 0.06
+    planes = encoding._split_planes(np.where(wide, rng.integers(5, 30000, changed.size), zig).astype(np.uint16))
+    packed, zipped = encoding._maybe_zip(planes)
+    assert zipped and zlib.decompress(packed) == zlib.decompress(deflate_system_zlib(planes)) == planes
+    row("deflate ulp planes (zlib-ng)", density, lambda: deflate_system_zlib(planes),
+        lambda: encoding._maybe_zip(planes))  # fmt: skip
+    assert encoding._unzip(packed, True, len(planes)) == zlib.decompress(packed) == planes
+    row("inflate ulp planes (zlib-ng)", density, lambda: zlib.decompress(packed),
+        lambda: encoding._unzip(packed, True, len(planes)))  # fmt: skip
+
+
+def apply_rows(base: np.ndarray, changed: np.ndarray, new_v: np.ndarray, density: float, row: Row) -> None:
+    """The reader's gather of the old values and scatter of the new ones, on a bf16 tensor."""
+    tensor = torch.from_numpy(base.copy().view(np.int16)).view(torch.bfloat16)
+    memory = tensor.view(torch.int16).numpy().view(np.uint16)
+    reference, out = np.empty(changed.size, dtype=np.uint16), np.empty(changed.size, dtype=np.uint16)
+    gather_fancy(memory, changed, reference)
+    assert np.array_equal(gather_bits(tensor, changed, out=out), reference)
+    row("gather old values (take)", density, lambda: gather_fancy(memory, changed, reference),
+        lambda: gather_bits(tensor, changed, out=out))  # fmt: skip
+    expected = base.copy()
+    expected[changed] = new_v
+    scatter_bits(tensor, changed, new_v)
+    assert np.array_equal(memory, expected)  # both sides write the same values again from here on
+    row("scatter new values (torch scatter_)", density, lambda: scatter_fancy(memory, changed, new_v),
+        lambda: scatter_bits(tensor, changed, new_v))  # fmt: skip
+
 
 def fixed_width_rows(bits: int, fields: np.ndarray, density: float, row: Row) -> None:
     packed = pack_fixed(fields, bits)
@@ -180,6 +229,10 @@ def main() -> None:
 
     for density in (0.01, 0.1):
         kernels_at(density, base, rng, row)
+    chunks = [base[a : a + (1 << 21)].data for a in range(0, base.size, 1 << 21)]  # 4 MB, as the store's
+    assert [chunk_crc(c) for c in chunks] == [zlib.crc32(c) for c in chunks]
+    row("chunk CRC32, whole model (zlib-ng)", 1.0, lambda: [zlib.crc32(c) for c in chunks],
+        lambda: [chunk_crc(c) for c in chunks])  # fmt: skip
     finish("weight_kernels", {"numel": numel, "reps": args.reps, "rows": rows}, args.results)
 
 

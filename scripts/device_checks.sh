@@ -17,8 +17,8 @@ mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
 export PYTHONUNBUFFERED=1
 
-if ! "$PY" -c "import pydantic, redis" 2>/dev/null; then  # the GPU machine's image lacks these
-  [ -d .whl ] || { echo "pydantic/redis missing and no .whl: run scripts/device_prepare.sh here first"; exit 1; }
+if ! "$PY" -c "import pydantic, redis, zlib_ng" 2>/dev/null; then  # the GPU machine's image lacks these
+  [ -d .whl ] || { echo "pydantic/redis/zlib-ng missing and no .whl: run scripts/device_prepare.sh here first"; exit 1; }
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "wheel install failed"; exit 1; }
   export PYTHONPATH=/tmp/site

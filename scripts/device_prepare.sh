@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run HERE (not on the GPU machine) before a `run` of scripts/device_checks.sh: the GPU machine
 # reaches nothing, has Python 3.12 with torch, numpy, safetensors, transformers and pytest, and
-# lacks the rest of what the weight store imports (pydantic, redis) and a redis-server. This puts
+# lacks the rest of what the weight store imports (pydantic, redis, zlib-ng) and a redis-server. This puts
 # wheels for those in .whl/ and a redis-server with the shared libraries it needs in .device/
 # (both ignored by git through .git/info/exclude, both small: about 15 MB), for the call's
 # `carry: [".whl", ".device"]`.
@@ -17,7 +17,7 @@ done
 # The same versions as this venv, built for the GPU machine's CPython 3.12 on manylinux x86-64.
 rm -rf .whl && mkdir -p .whl
 pins=$("$PY" -m pip list --format=freeze 2>/dev/null \
-  | grep -iE '^(pydantic|pydantic[-_]core|annotated[-_]types|typing[-_]inspection|redis)==' )
+  | grep -iE '^(pydantic|pydantic[-_]core|annotated[-_]types|typing[-_]inspection|redis|zlib[-_]ng)==' )
 echo "wheels: $(echo $pins)"
 # shellcheck disable=SC2086
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

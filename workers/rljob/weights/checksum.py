@@ -22,10 +22,10 @@ SHA-256 runs over the little-endian bf16 bytes, so fp32 and bf16 copies of the s
 from __future__ import annotations
 
 import hashlib
-import zlib
 
 import numpy as np
 import torch
+from zlib_ng import zlib_ng
 
 _U64 = np.uint64
 _MASK64 = (1 << 64) - 1
@@ -73,13 +73,17 @@ def change_sum_of_parts(
     shifts = np.asarray(offsets, dtype=np.int64).astype(_U64) * _U64(2) + _U64(1)
     where = positions.view(_U64) if positions.dtype == np.int64 else positions.astype(_U64)
     new_bits, old_bits = np.asarray(new).view(np.uint16), np.asarray(old).view(np.uint16)
-    diff, before = np.empty(min(_SUM_BLOCK, count), dtype=_U64), np.empty(min(_SUM_BLOCK, count), dtype=_U64)
+    size = min(_SUM_BLOCK, count)
+    diff, before, index = np.empty(size, dtype=_U64), np.empty(size, dtype=_U64), np.empty(size, dtype=np.intp)
     weighted = per_part = 0
     for a in range(0, count, _SUM_BLOCK):
         b = min(a + _SUM_BLOCK, count)
-        d, e = diff[: b - a], before[: b - a]
-        np.take(_VALUE_HASH, new_bits[a:b], out=d)
-        np.take(_VALUE_HASH, old_bits[a:b], out=e)
+        d, e, i = diff[: b - a], before[: b - a], index[: b - a]
+        # take converts a uint16 index to intp in a fresh array on every call; a reused one is cheaper.
+        np.copyto(i, new_bits[a:b], casting="safe")
+        np.take(_VALUE_HASH, i, out=d, mode="wrap")  # a uint16 is always in the table's range
+        np.copyto(i, old_bits[a:b], casting="safe")
+        np.take(_VALUE_HASH, i, out=e, mode="wrap")
         d -= e
         weighted += int(np.dot(d, where[a:b]))  # uint64 multiply-add wraps mod 2^64, as intended
         first = int(np.searchsorted(starts, a, side="right")) - 1  # the part holding element a
@@ -123,4 +127,4 @@ def tensor_checksum(tensor: torch.Tensor, start: int = 0, stop: int | None = Non
 
 
 def chunk_crc(data: bytes | memoryview) -> int:
-    return zlib.crc32(data) & 0xFFFFFFFF
+    return zlib_ng.crc32(data) & 0xFFFFFFFF

@@ -31,7 +31,9 @@ smaller; Rice streams are already near their entropy and never are (zlib was mos
 zlib runs with its run-length strategy: these planes have runs and skewed byte frequencies but
 few longer repeats, so it is as small as level 6's string matching, or smaller, at a fifth of the
 time or less (2.3 s -> 0.6 s to encode the first AdamW step of SmolLM2; a unit test checks the
-size against level 6).
+size against level 6). The zlib is zlib-ng's (the `zlib-ng` package): the same stream format, read
+by any zlib, with about twice the speed of the system zlib both ways on these planes
+(benchmarks/bench_weight_kernels.py); a reader inflates on the path whose speed is a target.
 
 Speed: encoding and decoding are a fixed, small number of numpy passes over the *changed* values.
 The only pass over all values is `rljob.weights.changes.find_changes`, which compares in
@@ -41,12 +43,12 @@ cache-sized blocks. The integer codes (Rice, Elias-Fano) live in `intcodes`, the
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from zlib_ng import zlib_ng
 
 from rljob.weights.bitfields import pack_fixed, unpack_fixed
 from rljob.weights.changes import Changes, as_flat_bits, find_changes
@@ -259,7 +261,7 @@ def _join_planes(buf: bytes, count: int) -> np.ndarray:
 def _maybe_zip(stream: bytes) -> tuple[bytes, bool]:
     if len(stream) < 64:
         return stream, False
-    compressor = zlib.compressobj(_ZLIB_LEVEL, zlib.DEFLATED, 15, 9, zlib.Z_RLE)
+    compressor = zlib_ng.compressobj(_ZLIB_LEVEL, zlib_ng.DEFLATED, 15, 9, zlib_ng.Z_RLE)
     packed = compressor.compress(stream) + compressor.flush()
     if len(packed) <= len(stream) * (1.0 - _MIN_ZLIB_SAVING):
         return packed, True
@@ -270,8 +272,8 @@ def _unzip(stream: bytes, zipped: bool, raw_length: int) -> bytes:
     if not zipped:
         return stream
     try:
-        out = zlib.decompress(stream)
-    except zlib.error as exc:
+        out = zlib_ng.decompress(stream)
+    except zlib_ng.error as exc:
         raise DeltaFormatError(f"corrupt compressed stream: {exc}") from exc
     if len(out) != raw_length:
         raise DeltaFormatError(f"stream inflated to {len(out)} bytes, expected {raw_length}")
