@@ -7,7 +7,10 @@ checked out in a temporary git worktree and imported from there (PYTHONPATH), wi
 virtual environment. Writes <out>.json and <out>.png (the gains per row) and prints one line per
 row and metric:
   python benchmarks/compare_revisions.py --base 7d0158c --pairs 2 --out docs/results/weight_delta_ab
-Arguments after `--` go to bench_weight_delta.py (default: none, the full benchmark).
+Arguments after `--` go to bench_weight_delta.py (default: none, the full benchmark). Each side
+runs its own revision's benchmark script, unless `--same-script`: then both run this checkout's
+(for a base whose packages have the same API), so that a change in how the benchmark measures
+does not pass for a change in the code it measures.
 """
 
 from __future__ import annotations
@@ -36,10 +39,12 @@ METRICS = (
 )
 
 
-def run_bench(tree: Path, out: Path, bench_args: list[str]) -> dict:
-    """One benchmark run with the `rljob` packages of `tree`; its JSON summary (rows included)."""
+def run_bench(tree: Path, out: Path, bench_args: list[str], script_tree: Path | None = None) -> dict:
+    """One benchmark run with the `rljob` packages of `tree` and the benchmark script of
+    `script_tree` (default `tree`); its JSON summary (rows included)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree / "workers"), str(tree / "operator")]))
-    command = [sys.executable, str(tree / "benchmarks" / "bench_weight_delta.py"), "--out", str(out), *bench_args]
+    script = (script_tree or tree) / "benchmarks" / "bench_weight_delta.py"
+    command = [sys.executable, str(script), "--out", str(out), *bench_args]
     subprocess.run(command, cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.with_suffix(".json").read_text())
 
@@ -88,6 +93,8 @@ def main() -> None:
     parser.add_argument("--base", required=True, help="git revision to compare against")
     parser.add_argument("--pairs", type=int, default=2, help="base/head run pairs (each run takes about 2 minutes)")
     parser.add_argument("--out", default="docs/results/weight_delta_ab", help="path stem for the .json")
+    parser.add_argument("--same-script", action="store_true",
+                        help="this checkout's benchmark script on both sides (default: each its own)")  # fmt: skip
     args, bench_args = parser.parse_known_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` removes the worktree
     bench_args = [a for a in bench_args if a != "--"]
@@ -101,7 +108,8 @@ def main() -> None:
             for i in range(args.pairs):
                 for side, where, runs in (("base", tree, base_runs), ("head", REPO, head_runs)):
                     progress(f"pair {i + 1}/{args.pairs}: {side} ({base_sha[:10] if side == 'base' else 'checkout'})")
-                    runs.append(run_bench(where, Path(scratch) / f"{side}_{i}", bench_args))
+                    script = REPO if args.same_script else None
+                    runs.append(run_bench(where, Path(scratch) / f"{side}_{i}", bench_args, script))
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
     table = compare(base_runs, head_runs)
@@ -114,6 +122,7 @@ def main() -> None:
         "base": base_sha,
         "pairs": args.pairs,
         "bench_args": bench_args,
+        "same_script": args.same_script,
         "load_average": os.getloadavg()[0],
         "table": table,
         "base_runs_full_sync_s": [run["full_sync"]["1"]["latency_s"] for run in base_runs],

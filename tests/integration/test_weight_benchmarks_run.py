@@ -55,13 +55,17 @@ def test_weight_kernels_quick_agree_with_their_references(tmp_path):
     assert all(row["kernel_s"] > 0 and row["reference_s"] > 0 for row in summary["rows"])
 
 
-def test_compare_revisions_runs_a_base_and_this_checkout_in_turns(tmp_path):
-    """Against HEAD itself (the base tree is a fresh worktree of it): every row and metric has both
-    sides, and the temporary worktree is gone afterwards."""
+@pytest.mark.parametrize("same_script", [False, True])
+def test_compare_revisions_runs_a_base_and_this_checkout_in_turns(tmp_path, same_script):
+    """Against HEAD itself (the base tree is a fresh worktree of it), each side with its own
+    benchmark script or both with this checkout's: every row and metric has both sides, and the
+    temporary worktree is gone afterwards."""
     worktrees = subprocess.run(["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True).stdout
+    flags = ["--same-script"] if same_script else []
     summary = run_benchmark("compare_revisions.py", "--base", "HEAD", "--pairs", "1", "--out", str(tmp_path / "ab"),
-                            "--", "--quick", "--weights", "random")  # fmt: skip
+                            *flags, "--", "--quick", "--weights", "random")  # fmt: skip
     assert summary["pairs"] == 1 and summary["bench_args"] == ["--quick", "--weights", "random"]
+    assert summary["same_script"] is same_script
     table = json.loads((tmp_path / "ab.json").read_text())["table"]
     assert {entry["row"] for entry in table} >= {"synthetic 1%", "synthetic 10%"}
     assert all(entry["base"] > 0 and entry["head"] > 0 and entry["gain"] > 0 for entry in table)
