@@ -356,6 +356,29 @@ def test_elias_fano_positions_roundtrip(low_bits, block, monkeypatch):
     assert len(upper) * 8 + len(lower) * 8 <= positions.size * (low_bits + 1) + (300_000 >> low_bits) + 8
 
 
+@pytest.mark.parametrize("block", [1 << 16, 7])
+@pytest.mark.parametrize("low_bits", [0, 8])
+@pytest.mark.parametrize("where", ["first block", "block boundary", "last block"])
+def test_elias_fano_rejects_positions_that_do_not_increase(low_bits, block, where, monkeypatch):
+    """Low parts out of order within a high part (or, with no low bits, two terminators side by
+    side) decode to unsorted or repeated positions: a clear format error, wherever in the stream,
+    including across the decoder's blocks (a reader splits positions by tensor assuming order)."""
+    monkeypatch.setattr(intcodes, "_BLOCK", block)
+    # Pairs of changes sharing a 256-element high part: 5 and 9 past every multiple of 512.
+    positions = (np.arange(20, dtype=np.int64)[:, None] * 512 + np.array([5, 9])).reshape(-1)
+    i = {"first block": 1, "block boundary": 7 if block == 7 else 21, "last block": 39}[where]
+    broken = positions.copy()
+    if low_bits:  # the pair's low parts swapped: the same high parts, so the same unary stream
+        broken[[i - 1, i]] = broken[[i, i - 1]]
+        upper, _ = ef_pack(positions, low_bits)
+        lower = broken.astype(np.uint8).tobytes()
+    else:  # a repeated position: its terminator right after the one before
+        broken[i] = broken[i - 1]
+        upper, lower = ef_pack(broken, low_bits)
+    with pytest.raises(DeltaFormatError, match="not increasing"):
+        ef_unpack(upper, lower, broken.size, low_bits)
+
+
 def test_position_codec_follows_density():
     rng = np.random.default_rng(14)
     old = random_bits(rng, (400_000,))

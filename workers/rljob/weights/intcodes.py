@@ -101,12 +101,17 @@ def ef_pack(positions: np.ndarray, low_bits: int) -> tuple[bytes, bytes]:
 
 
 def ef_unpack(upper: bytes, lower: bytes, count: int, low_bits: int) -> np.ndarray:
-    """Inverse of `ef_pack`: position i is (t_i - i) << low_bits | low_i, t_i the i-th set bit."""
+    """Inverse of `ef_pack`: position i is (t_i - i) << low_bits | low_i, t_i the i-th set bit.
+
+    Unlike Rice and bitmask positions, which increase by construction, low parts that do not
+    increase within a high part decode to unsorted positions: checked block by block (in cache),
+    because a reader splits positions by tensor assuming they are sorted."""
     if low_bits not in _EF_LOW_BITS:
         raise DeltaFormatError(f"Elias-Fano low parts of {low_bits} bits are not a supported width")
     positions = _terminators(upper, count)
     low = unpack_fixed(lower, count, low_bits, dtype=field_type(low_bits)) if low_bits else None
     ramp = np.arange(min(_BLOCK, count), dtype=np.int64)
+    rising = np.empty(min(_BLOCK, count), dtype=np.bool_)
     for a in range(0, count, _BLOCK):
         b = min(a + _BLOCK, count)
         block = positions[a:b]
@@ -115,6 +120,12 @@ def ef_unpack(upper: bytes, lower: bytes, count: int, low_bits: int) -> np.ndarr
         if low is not None:
             block <<= low_bits
             block |= low[a:b]
+        # Each position above the one before it (the first against the previous block's last).
+        before = positions[a - 1 : b - 1] if a else block[:-1]
+        flags = rising[: before.size]
+        np.greater(block[b - a - before.size :], before, out=flags)
+        if not flags.all():
+            raise DeltaFormatError("Elias-Fano positions are not increasing (a corrupt stream)")
     return positions
 
 
