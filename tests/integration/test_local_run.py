@@ -74,10 +74,19 @@ def test_local_run_completes_with_results_and_no_stray_processes(tmp_path, tiny_
     assert leftover_processes(str(results)) == []
 
 
-def test_ctrl_c_stops_every_child(tmp_path, tiny_model):
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("started_with_sigint_ignored", [False, True])
+def test_ctrl_c_stops_every_child(tmp_path, tiny_model, started_with_sigint_ignored):
+    """Ctrl-C (SIGINT to the process group) stops the run with 130 and leaves no process behind,
+    also when the run was started with SIGINT ignored, as a shell starts background jobs (`&`,
+    nohup) and as some CI runners start their steps (Python keeps an ignored SIGINT ignored)."""
     results = tmp_path / "results"
     manifest = write_manifest(tmp_path / "job.yaml", tiny_model, total_steps=1000)
-    proc = rljob("run", str(manifest), "--local", "--results", str(results))
+    start = {"preexec_fn": _ignore_sigint} if started_with_sigint_ignored else {}
+    proc = rljob("run", str(manifest), "--local", "--results", str(results), **start)
     deadline = time.monotonic() + 300
     while not (results / "metrics.jsonl").exists() and time.monotonic() < deadline:
         time.sleep(0.5)

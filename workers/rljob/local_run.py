@@ -81,6 +81,9 @@ class LocalRun:
             results_dir=str(self.results_dir), worker_id="local",
         )  # fmt: skip
         previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+        # Ctrl-C stops the run even where SIGINT came in ignored: a shell starts background jobs
+        # (`rljob run ... &`, nohup, some CI runners) with SIGINT ignored, and Python then keeps it so.
+        previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             for i in range(self.rollout_workers):
                 env = base.model_copy(update={"worker_id": f"rollout-{i}"}).to_environ()
@@ -100,6 +103,7 @@ class LocalRun:
             self.stop_children()
             redis.stop()
             signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, previous_int)
 
     def _supervise(self, trainers: list[Child]) -> int:
         while True:
