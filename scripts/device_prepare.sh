@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Run HERE (not on the GPU machine) before a `run` of scripts/device_checks.sh: the GPU machine
 # reaches nothing, has Python 3.12 with torch, numpy, safetensors, transformers and pytest, and
-# lacks the rest of what the weight store imports (pydantic, redis, zlib-ng) and a redis-server. This puts
-# wheels for those in .whl/ and a redis-server with the shared libraries it needs in .device/
-# (both ignored by git through .git/info/exclude, both small: about 15 MB), for the call's
-# `carry: [".whl", ".device"]`.
+# lacks the rest of what the weight store imports (pydantic, redis, zlib-ng) and a redis-server.
+# This puts wheels for those in .whl/ and a redis-server with the shared libraries it needs in
+# .device/ (both ignored by git through .git/info/exclude, both small: about 17 MB), for the
+# call's `carry: [".whl", ".device"]`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${RLJOB_VENV:-$HOME/.cache/rljob/venv}
