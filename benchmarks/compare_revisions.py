@@ -56,11 +56,12 @@ def by_row(run: dict) -> dict[str, dict]:
 def compare(base_runs: list[dict], head_runs: list[dict]) -> list[dict]:
     """Median of each metric per row over the runs of each side, and head / base (or base / head
     for times, so that above 1 is always better)."""
+    base_rows, head_rows = [by_row(run) for run in base_runs], [by_row(run) for run in head_runs]
     table = []
-    for name in by_row(head_runs[0]):
+    for name in head_rows[0]:
         for key, label, higher_better in METRICS:
-            base = statistics.median(by_row(run)[name][key] for run in base_runs)
-            head = statistics.median(by_row(run)[name][key] for run in head_runs)
+            base = statistics.median(rows[name][key] for rows in base_rows)
+            head = statistics.median(rows[name][key] for rows in head_rows)
             gain = (head / base if higher_better else base / head) if base and head else None
             table.append({"row": name, "metric": key, "label": label, "base": base, "head": head, "gain": gain})
     return table
@@ -105,10 +106,10 @@ def main() -> None:
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), base_sha], cwd=REPO, check=True)
         try:
             base_runs, head_runs = [], []
+            script = REPO if args.same_script else None
             for i in range(args.pairs):
                 for side, where, runs in (("base", tree, base_runs), ("head", REPO, head_runs)):
                     progress(f"pair {i + 1}/{args.pairs}: {side} ({base_sha[:10] if side == 'base' else 'checkout'})")
-                    script = REPO if args.same_script else None
                     runs.append(run_bench(where, Path(scratch) / f"{side}_{i}", bench_args, script))
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)

@@ -120,10 +120,9 @@ def ef_unpack(upper: bytes, lower: bytes, count: int, low_bits: int) -> np.ndarr
         if low is not None:
             block <<= low_bits
             block |= low[a:b]
-        # Each position above the one before it (the first against the previous block's last).
-        before = positions[a - 1 : b - 1] if a else block[:-1]
-        flags = rising[: before.size]
-        np.greater(block[b - a - before.size :], before, out=flags)
+        first = max(a, 1)  # each position above the one before it, across block boundaries too
+        flags = rising[: b - first]
+        np.greater(positions[first:b], positions[first - 1 : b - 1], out=flags)
         if not flags.all():
             raise DeltaFormatError("Elias-Fano positions are not increasing (a corrupt stream)")
     return positions
