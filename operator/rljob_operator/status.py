@@ -75,6 +75,18 @@ def running_members(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> i
     )
 
 
+def started_members(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> int:
+    """Members that are running or already finished: a gang whose ranks exit one after another
+    (rank 0 writes the final checkpoint last) has started, whatever the Job's condition says yet."""
+    if job is None:
+        return 0
+    return sum(
+        1
+        for p in current_pods(job, pods)
+        if p.get("status", {}).get("phase") in ("Running", "Succeeded") and not p["metadata"].get("deletionTimestamp")
+    )
+
+
 def gang_failure(
     job: dict[str, Any], pods: list[dict[str, Any]], spec_replicas: int, timeout: float, now: float
 ) -> tuple[str, str] | None:
@@ -88,10 +100,10 @@ def gang_failure(
     if job.get("spec", {}).get("suspend"):
         return None
     started = parse_time(job.get("status", {}).get("startTime") or job["metadata"].get("creationTimestamp"))
-    if started is not None and now - started > timeout and running_members(job, pods) < spec_replicas:
+    if started is not None and now - started > timeout and started_members(job, pods) < spec_replicas:
         return (
             "GangScheduleTimeout",
-            f"only {running_members(job, pods)}/{spec_replicas} trainers running after {int(timeout)}s",
+            f"only {started_members(job, pods)}/{spec_replicas} trainers started after {int(timeout)}s",
         )
     return None
 

@@ -136,6 +136,22 @@ def test_schedule_timeout_counts_as_gang_failure() -> None:
     assert decision.action == "restart" and decision.reason == "GangScheduleTimeout"
 
 
+def test_a_gang_finishing_rank_by_rank_is_not_a_schedule_timeout() -> None:
+    # Rank 1 has exited, rank 0 still writes the final checkpoint, and the Job has no Complete
+    # condition yet: long after the schedule timeout, that gang started and must be left alone.
+    job = make(trainer={"replicas": 2, "scheduleTimeoutSeconds": 60})
+    finishing = Observed(
+        trainer_job=trainer_job(job, started=NOW - 3600), trainer_pods=[pod("a", "Running"), pod("b", "Succeeded")]
+    )
+    assert decide_trainer(job, RLJobStatus(), finishing, NOW, backoff).action == "apply"
+    # One member still unscheduled after the timeout is a gang that never started.
+    stuck = Observed(
+        trainer_job=trainer_job(job, started=NOW - 61), trainer_pods=[pod("a", "Succeeded"), pod("b", "Pending")]
+    )
+    decision = decide_trainer(job, RLJobStatus(), stuck, NOW, backoff)
+    assert decision.action == "restart" and "1/2 trainers started" in decision.message
+
+
 def test_completed_trainer_means_succeeded() -> None:
     job = make()
     done = trainer_job(job, conditions=[{"type": "Complete", "status": "True"}])
