@@ -232,6 +232,16 @@ INVALID = [
         {"weightSync": {"redis": {"externalUrl": "http://r", "passwordSecret": "s"}}},
         "spec.weightSync.redis.externalUrl",
     ),
+    # A port the operator's URL parsing would choke on; an empty Secret or image name.
+    (
+        {"weightSync": {"redis": {"externalUrl": "redis://r:6379x", "passwordSecret": "s"}}},
+        "spec.weightSync.redis.externalUrl",
+    ),
+    (
+        {"weightSync": {"redis": {"externalUrl": "redis://r:6379", "passwordSecret": ""}}},
+        "spec.weightSync.redis.passwordSecret",
+    ),
+    ({"weightSync": {"redis": {"image": ""}}}, "spec.weightSync.redis.image"),
     ({"trainer": {"replicas": 0}}, "spec.trainer.replicas"),
     ({"restartLimit": -1}, "spec.restartLimit"),
 ]
@@ -256,6 +266,12 @@ def test_immutable_fields_refused_with_message(ops: Ops, ns: str) -> None:
     changed["spec"]["model"] = {"name": "Qwen/Qwen2.5-0.5B-Instruct"}
     result = ops.apply(ns, changed, check=False)
     assert result.returncode != 0 and "spec.model is immutable" in result.stderr
+    # The managed Redis volume: a StatefulSet's claim template cannot change, so neither can these.
+    for redis in ({"storage": "20Gi"}, {"persistence": False}):
+        changed = tiny("imm")
+        changed["spec"]["weightSync"] = {"redis": redis}
+        result = ops.apply(ns, changed, check=False)
+        assert result.returncode != 0 and "managed Redis volume" in result.stderr, result.stderr
 
 
 def test_unschedulable_spec_fails_without_children(ops: Ops, ns: str) -> None:

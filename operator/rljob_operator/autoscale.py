@@ -1,7 +1,8 @@
 """Operator-native rollout autoscaling: replicas follow the prompt backlog, within bounds.
 
-The backlog is what rollout workers still owe: the consumer group's lag (prompts not yet
-delivered) plus its pending entries (delivered, not acknowledged). Scale-up is immediate;
+The backlog is what rollout workers still owe, over the training and the evaluation prompt
+streams: each consumer group's lag (prompts not yet delivered) plus its pending entries
+(delivered, not acknowledged). Scale-up is immediate;
 scale-down waits out a cooldown so a burst between steps does not flap workers (and a worker
 in the middle of a batch is not removed for a momentary dip).
 """
@@ -41,7 +42,11 @@ def backlog_from_groups(groups: list[dict[str, Any]], stream_length: int) -> int
 
 
 def read_backlog(client: Any, keys: JobKeys) -> int:
-    """The prompt stream's backlog for the rollout workers (0 when the stream does not exist)."""
-    if not client.exists(keys.prompts):
-        return 0
-    return backlog_from_groups(client.xinfo_groups(keys.prompts), int(client.xlen(keys.prompts)))
+    """What the rollout workers owe over both prompt streams they serve: training prompts and
+    evaluation prompts (an evaluation the trainer waits on needs workers too). A stream that does
+    not exist yet counts 0."""
+    backlog = 0
+    for stream in (keys.prompts, keys.eval_prompts):
+        if client.exists(stream):
+            backlog += backlog_from_groups(client.xinfo_groups(stream), int(client.xlen(stream)))
+    return backlog

@@ -226,6 +226,10 @@ def render_redis_statefulset(job: RLJob, plan: RenderPlan) -> Manifest:
         "template": {"metadata": {"labels": labels(names.job, "redis")}, "spec": pod_spec},
     }
     if spec.persistence:
+        # Claims made from a template get no owner reference of their own: without this policy the
+        # volume (and its append-only file, which a new job of the same name would load) outlives
+        # the RLJob. Scaling is never done to this StatefulSet, so keep claims then.
+        sts_spec["persistentVolumeClaimRetentionPolicy"] = {"whenDeleted": "Delete", "whenScaled": "Retain"}
         sts_spec["volumeClaimTemplates"] = [
             {
                 "metadata": {"name": "data"},
@@ -432,15 +436,23 @@ def render_keda(job: RLJob, plan: RenderPlan) -> list[Manifest]:
     names = ChildNames(job.metadata.name, job.metadata.namespace)
     url = urlparse(redis_url(job))
     rollout = job.spec.rollout
-    trigger_meta = {
-        "address": f"{url.hostname}:{url.port or REDIS_PORT}",
-        "stream": JobKeys(names.namespace, names.job).prompts,
-        "consumerGroup": ROLLOUT_GROUP,
-        "lagCount": str(rollout.pending_per_replica),
-        "activationLagCount": "0",
-        "databaseIndex": (url.path.strip("/") or "0"),
-        "enableTLS": "true" if url.scheme == "rediss" else "false",
-    }
+    keys = JobKeys(names.namespace, names.job)
+
+    def trigger(stream: str) -> dict[str, Any]:
+        return {
+            "type": "redis-streams",
+            "metadata": {
+                "address": f"{url.hostname}:{url.port or REDIS_PORT}",
+                "stream": stream,
+                "consumerGroup": ROLLOUT_GROUP,
+                "lagCount": str(rollout.pending_per_replica),
+                "activationLagCount": "0",
+                "databaseIndex": (url.path.strip("/") or "0"),
+                "enableTLS": "true" if url.scheme == "rediss" else "false",
+            },
+            "authenticationRef": {"name": names.rollout},
+        }
+
     auth = {
         "apiVersion": KEDA_API,
         "kind": "TriggerAuthentication",
@@ -458,9 +470,8 @@ def render_keda(job: RLJob, plan: RenderPlan) -> list[Manifest]:
             "maxReplicaCount": rollout.max_replicas,
             "cooldownPeriod": rollout.scale_down_cooldown_seconds,
             "pollingInterval": 10,
-            "triggers": [
-                {"type": "redis-streams", "metadata": trigger_meta, "authenticationRef": {"name": names.rollout}}
-            ],
+            # Workers serve both streams (evaluation prompts first); KEDA takes the larger demand.
+            "triggers": [trigger(keys.prompts), trigger(keys.eval_prompts)],
         },
     }
     return [auth, scaled]

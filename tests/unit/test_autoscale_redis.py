@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rljob.keys import ROLLOUT_GROUP, JobKeys
+from rljob.rollout.streams import pending_prompts
 from rljob_operator.autoscale import read_backlog
 
 
@@ -21,3 +22,20 @@ def test_backlog_counts_undelivered_and_unacked(redis_client) -> None:
     ids = [entry_id for _, entries in taken for entry_id, _ in entries]
     redis_client.xack(keys.prompts, ROLLOUT_GROUP, *ids[:3])
     assert read_backlog(redis_client, keys) == 7
+
+
+@pytest.mark.integration
+def test_backlog_counts_evaluation_prompts_as_the_workers_do(redis_client) -> None:
+    # An evaluation the trainer waits on is work for the rollout workers too: with only
+    # evaluation prompts queued, the autoscaler must not see an empty backlog (and scale to
+    # minReplicas, possibly zero, while the trainer waits).
+    keys = JobKeys("ns", "evaljob")
+    for stream in (keys.prompts, keys.eval_prompts):
+        redis_client.xgroup_create(stream, ROLLOUT_GROUP, id="0", mkstream=True)
+    for i in range(6):
+        redis_client.xadd(keys.eval_prompts, {"data": str(i)})
+    assert read_backlog(redis_client, keys) == 6 == pending_prompts(redis_client, keys)
+    for i in range(3):
+        redis_client.xadd(keys.prompts, {"data": str(i)})
+    redis_client.xreadgroup(ROLLOUT_GROUP, "w1", {keys.eval_prompts: ">"}, count=2)
+    assert read_backlog(redis_client, keys) == 9 == pending_prompts(redis_client, keys)

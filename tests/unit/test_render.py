@@ -128,8 +128,12 @@ def test_redis_memory_limit_and_persistence_options() -> None:
     script = sts["spec"]["template"]["spec"]["containers"][0]["command"][2]
     assert f"--maxmemory {int(2**30 * 0.8)}" in script and "--appendonly no" in script
     assert "volumeClaimTemplates" not in sts["spec"]
+    assert "persistentVolumeClaimRetentionPolicy" not in sts["spec"]
     persistent = by_kind(render_children(make(), PLAN), "StatefulSet")
     assert persistent["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "10Gi"
+    # The claim goes with the RLJob (a new job of the same name must not load the old AOF).
+    policy = persistent["spec"]["persistentVolumeClaimRetentionPolicy"]
+    assert policy == {"whenDeleted": "Delete", "whenScaled": "Retain"}
 
 
 def test_network_policy_admits_only_job_pods_and_operator() -> None:
@@ -157,10 +161,12 @@ def test_rollout_replicas_and_keda_option() -> None:
     children = render_children(keda, PLAN)
     assert "replicas" not in by_kind(children, "Deployment")["spec"]  # the HPA owns it
     scaled = by_kind(children, "ScaledObject")["spec"]
-    trigger = scaled["triggers"][0]
-    assert trigger["type"] == "redis-streams"
-    assert trigger["metadata"]["stream"] == "rljob:{ns/job}:prompts"
-    assert trigger["metadata"]["consumerGroup"] == "rollout" and trigger["metadata"]["lagCount"] == "5"
+    train, evaluation = scaled["triggers"]  # the workers serve both streams
+    assert train["type"] == evaluation["type"] == "redis-streams"
+    assert train["metadata"]["stream"] == "rljob:{ns/job}:prompts"
+    assert evaluation["metadata"]["stream"] == "rljob:{ns/job}:eval:prompts"
+    for trigger in (train, evaluation):
+        assert trigger["metadata"]["consumerGroup"] == "rollout" and trigger["metadata"]["lagCount"] == "5"
     assert (scaled["minReplicaCount"], scaled["maxReplicaCount"]) == (1, 6)
     auth = by_kind(children, "TriggerAuthentication")["spec"]["secretTargetRef"][0]
     assert auth == {"parameter": "password", "name": "job-redis", "key": "password"}

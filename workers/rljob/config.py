@@ -9,8 +9,9 @@ uses snake_case. This module imports nothing heavy: both images load it.
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 API_GROUP = "rljob.dev"
@@ -207,19 +208,48 @@ class TrainerSpec(ApiModel):
     )
 
 
+# redis:// or rediss://, optional user info, a host name or bracketed IPv6 address, an optional
+# port and an optional database number: what the workers, the operator and KEDA all parse the same way.
+EXTERNAL_URL_PATTERN = r"^rediss?://([^@/?#]*@)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?(/[0-9]{1,5})?/?$"
+_IMMUTABLE_VOLUME = "the managed Redis volume (persistence, storage) cannot change once created; create a new RLJob"
+
+
 class RedisSpec(ApiModel):
     """Managed Redis for the job, or an external one."""
 
     external_url: str | None = Field(
-        None, pattern=r"^rediss?://", description="Use this Redis instead of a managed one (password from a Secret)."
+        None,
+        pattern=EXTERNAL_URL_PATTERN,
+        description="Use this Redis instead of a managed one (password from a Secret): "
+        "`redis://` or `rediss://`, a host, an optional port and an optional database number.",
     )
     password_secret: str | None = Field(
-        None, description="Secret (key `password`) holding the external Redis password."
+        None, min_length=1, description="Secret (key `password`) holding the external Redis password."
     )
-    image: str = Field("redis:7.4-alpine", description="Managed Redis image.")
+    image: str = Field("redis:7.4-alpine", min_length=1, description="Managed Redis image.")
     memory: str = Field("2Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$", description="Managed Redis memory limit.")
-    persistence: bool = Field(True, description="Append-only file on a PersistentVolumeClaim.")
-    storage: str = Field("10Gi", pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$", description="Size of the persistence volume.")
+    # The StatefulSet's volume claim template cannot change once created: both are immutable.
+    persistence: bool = Field(
+        True,
+        description="Append-only file on a PersistentVolumeClaim (deleted with the RLJob). Immutable.",
+        json_schema_extra={"x-kubernetes-validations": [cel("self == oldSelf", _IMMUTABLE_VOLUME)]},
+    )
+    storage: str = Field(
+        "10Gi",
+        pattern=r"^[0-9]+(Ki|Mi|Gi|Ti)$",
+        description="Size of the persistence volume. Immutable.",
+        json_schema_extra={"x-kubernetes-validations": [cel("self == oldSelf", _IMMUTABLE_VOLUME)]},
+    )
+
+    @field_validator("external_url")
+    @classmethod
+    def _port_in_range(cls, url: str | None) -> str | None:
+        # The pattern checks the shape; the port's range is easier said here (reported as InvalidSpec).
+        if url is not None:
+            port = urlsplit(url).port  # raises ValueError out of 0-65535
+            if port == 0:
+                raise ValueError("port 0 is not a Redis port")
+        return url
 
 
 class WeightSyncSpec(ApiModel):
