@@ -267,9 +267,9 @@ def test_immutable_fields_refused_with_message(ops: Ops, ns: str) -> None:
     result = ops.apply(ns, changed, check=False)
     assert result.returncode != 0 and "spec.model is immutable" in result.stderr
     # The managed Redis volume: a StatefulSet's claim template cannot change, so neither can these.
-    for redis in ({"storage": "20Gi"}, {"persistence": False}):
+    for redis in ({"storage": "20Gi"}, {"persistence": True}):  # tiny has persistence false, storage 10Gi
         changed = tiny("imm")
-        changed["spec"]["weightSync"] = {"redis": redis}
+        changed["spec"]["weightSync"]["redis"].update(redis)
         result = ops.apply(ns, changed, check=False)
         assert result.returncode != 0 and "managed Redis volume" in result.stderr, result.stderr
 
@@ -443,8 +443,12 @@ def test_spec_changes_roll_or_restart(ops: Ops, ns: str) -> None:
 
 
 def test_delete_cascades(ops: Ops, ns: str) -> None:
-    ops.apply(ns, tiny("gone"))
+    doc = tiny("gone")
+    doc["spec"]["weightSync"]["redis"]["persistence"] = True  # a claim, which must go with the job too
+    ops.apply(ns, doc)
     wait_for(lambda: ops.running(ns, "trainer", "gone", 2), timeout=90, what="trainers")
+    claim = "data-gone-redis-0"
+    wait_for(lambda: ops.json("get", "pvc", claim, "-n", ns), timeout=60, what="the Redis volume claim")
     # The operator's finalizer is released asynchronously; under a loaded CPU that can take a while.
     ops.cluster.kubectl("delete", "rljob", "gone", "-n", ns, "--wait=false")
     wait_for(
@@ -459,6 +463,152 @@ def test_delete_cascades(ops: Ops, ns: str) -> None:
         timeout=90,
         what="children garbage-collected",
     )
+    wait_for(lambda: ops.json("get", "pvc", claim, "-n", ns) is None, timeout=90, what="the claim deleted")
+
+
+def deny_rollouts_of(ops: Ops, ns: str, job: str) -> str:
+    """An admission policy (as a cluster's own policies would) refusing that job's rollout
+    Deployment in `ns`; returns its name. Waits until the API server enforces it."""
+    name = f"deny-{ns}"
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["apps"],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["deployments"],
+                    }
+                ]
+            },
+            "validations": [
+                {
+                    "expression": f"object.metadata.?labels[?'rljob.dev/job'].orValue('') != '{job}'",
+                    "message": "rollout workers of this job are not allowed here (test policy)",
+                }
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}},
+        },
+    }
+    for doc in (policy, binding):
+        ops.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+    probe = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "probe", "namespace": ns, "labels": {"rljob.dev/job": job}},
+        "spec": {
+            "selector": {"matchLabels": {"app": "probe"}},
+            "template": {
+                "metadata": {"labels": {"app": "probe"}},
+                "spec": {"containers": [{"name": "c", "image": "x"}]},
+            },
+        },
+    }
+
+    def enforced() -> bool:
+        out = ops.cluster.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(probe), check=False)
+        return out.returncode != 0 and "not allowed here" in out.stderr
+
+    wait_for(enforced, timeout=30, what="the admission policy enforced")
+    return name
+
+
+def test_a_child_the_api_server_refuses_builds_nothing_and_says_why(ops: Ops, ns: str) -> None:
+    # A new job whose Deployment a cluster policy refuses: no child at all, Pending, and the
+    # API server's words in Ready (and an event), instead of a half-built job.
+    policy = deny_rollouts_of(ops, ns, "denied")
+    ops.apply(ns, tiny("denied"))
+    wait_for(lambda: ops.condition(ns, "denied", "Ready").get("reason") == "ApplyRejected", timeout=30,
+             what="ApplyRejected")  # fmt: skip
+    ready = ops.condition(ns, "denied", "Ready")
+    assert "Deployment denied-rollout" in ready["message"] and "not allowed here" in ready["message"]
+    assert ops.status(ns, "denied")["phase"] == "Pending"
+    time.sleep(2)
+    assert ops.children(ns, "denied") == []
+    reasons = ops.cluster.kubectl("get", "events", "-n", ns, "-o", "jsonpath={.items[*].reason}").stdout
+    assert "ApplyRejected" in reasons
+    ops.cluster.kubectl("delete", "validatingadmissionpolicybinding", policy)
+    wait_for(lambda: ops.running(ns, "trainer", "denied", 2), timeout=90, what="built once the policy is gone")
+    wait_for(lambda: ops.condition(ns, "denied", "Ready").get("reason") != "ApplyRejected", timeout=30,
+             what="Ready no longer ApplyRejected")  # fmt: skip
+
+    # A running job whose update is refused: it keeps running on the previous spec, untouched
+    # (the ConfigMap the workers read is not moved to the new spec either).
+    config = ops.json("get", "configmap", "denied-config", "-n", ns)["data"]
+    generation = ops.status(ns, "denied")["observedGeneration"]
+    deny_rollouts_of(ops, ns, "denied")
+    ops.cluster.kubectl("patch", "rljob", "denied", "-n", ns, "--type=merge", "-p",
+                        '{"spec":{"rollout":{"minReplicas":2}}}')  # fmt: skip
+    wait_for(lambda: ops.condition(ns, "denied", "Ready").get("reason") == "ApplyRejected", timeout=30,
+             what="the update refused")  # fmt: skip
+    status = ops.status(ns, "denied")
+    assert status["phase"] == "Running" and status["observedGeneration"] == generation
+    assert ops.json("get", "configmap", "denied-config", "-n", ns)["data"] == config
+    assert len(ops.running(ns, "trainer", "denied", 2) or []) == 2
+    ops.cluster.kubectl("delete", "validatingadmissionpolicybinding", policy)
+    ops.cluster.kubectl("delete", "validatingadmissionpolicy", policy)
+    wait_for(lambda: ops.running(ns, "rollout", "denied", 2), timeout=90, what="the update applied after all")
+    assert ops.status(ns, "denied")["observedGeneration"] > generation
+
+
+def test_keda_objects_are_paused_when_the_job_ends_and_removed_when_switched_off(ops: Ops, ns: str) -> None:
+    # KEDA's real CRDs (from its pinned Go module, see e2e/cluster/build.sh), so the API server
+    # validates what the operator writes; KEDA's controller does not run here, so nothing scales.
+    crds = next(ops.cluster.bin_dir.glob("keda-crds-*.yaml"))
+    ops.cluster.kubectl("apply", "--server-side", "-f", str(crds))
+    try:
+        # The operator re-checks discovery at most once a minute.
+        ops.apply(ns, tiny("kdone", rollout={"autoscaler": "keda"}))
+        ops.apply(ns, tiny("kswitch", rollout={"autoscaler": "keda"}))
+        for job in ("kdone", "kswitch"):
+            wait_for(lambda job=job: ops.json("get", "scaledobject", f"{job}-rollout", "-n", ns), timeout=120,
+                     what=f"{job}'s ScaledObject")  # fmt: skip
+        scaled = ops.json("get", "scaledobject", "kdone-rollout", "-n", ns)
+        streams = [t["metadata"]["stream"] for t in scaled["spec"]["triggers"]]
+        assert streams == [f"rljob:{{{ns}/kdone}}:prompts", f"rljob:{{{ns}/kdone}}:eval:prompts"]
+        assert "autoscaling.keda.sh/paused-replicas" not in scaled["metadata"].get("annotations", {})
+
+        # Finished: paused at zero, or KEDA's HPA would bring workers back to minReplicaCount.
+        pods = wait_for(lambda: ops.running(ns, "trainer", "kdone", 2), timeout=90, what="trainers")
+        for pod in pods:
+            ops.cluster.kubectl("patch", "pod", pod["metadata"]["name"], "-n", ns, "--subresource=status",
+                                "--type=merge", "-p", '{"status":{"phase":"Succeeded"}}')  # fmt: skip
+        wait_for(lambda: ops.status(ns, "kdone").get("phase") == "Succeeded", timeout=60, what="Succeeded")
+
+        def paused() -> bool:
+            found = ops.json("get", "scaledobject", "kdone-rollout", "-n", ns) or {}
+            return found.get("metadata", {}).get("annotations", {}).get("autoscaling.keda.sh/paused-replicas") == "0"
+
+        wait_for(paused, timeout=60, what="the ScaledObject paused at 0 after success")
+
+        # Switched to the operator's own autoscaler: KEDA's objects go, so only one writer of replicas.
+        ops.cluster.kubectl("patch", "rljob", "kswitch", "-n", ns, "--type=merge", "-p",
+                            '{"spec":{"rollout":{"autoscaler":"operator"}}}')  # fmt: skip
+        wait_for(
+            lambda: (
+                ops.json("get", "scaledobject", "kswitch-rollout", "-n", ns) is None
+                and ops.json("get", "triggerauthentication", "kswitch-rollout", "-n", ns) is None
+            ),
+            timeout=60,
+            what="KEDA objects deleted after switching autoscaler",
+        )
+        assert ops.json("get", "deployment", "kswitch-rollout", "-n", ns)["spec"]["replicas"] >= 1
+    finally:
+        ops.cluster.kubectl("delete", "-f", str(crds), "--wait=false", check=False)
 
 
 def test_rbac_is_least_privilege(ops: Ops) -> None:

@@ -9,6 +9,7 @@ KUBE_VERSION=v1.36.3
 ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0
+KEDA_VERSION=v2.16.1
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache_root="${RLJOB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rljob}"
@@ -68,6 +69,21 @@ if [[ ! -s "$bin_dir/kwok-stages.yaml" ]]; then
   } > "$bin_dir/kwok-stages.yaml.tmp"
   mv "$bin_dir/kwok-stages.yaml.tmp" "$bin_dir/kwok-stages.yaml"
   log "kwok stages written"
+fi
+# KEDA's own CRDs (ScaledObject, TriggerAuthentication) from its pinned Go module, for the tests
+# that register them so the API server validates what the operator applies to KEDA. KEDA's
+# controller is not built or run: the tests check what the operator writes, not KEDA's scaling.
+keda_crds="$bin_dir/keda-crds-$KEDA_VERSION.yaml"
+if [[ ! -s "$keda_crds" ]]; then
+  keda_dir="$(GOFLAGS=-mod=mod go mod download -json "github.com/kedacore/keda/v2@$KEDA_VERSION" \
+    | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  {
+    for f in keda.sh_scaledobjects.yaml keda.sh_triggerauthentications.yaml; do
+      echo "---"; cat "$keda_dir/config/crd/bases/$f"
+    done
+  } > "$keda_crds.tmp"
+  mv "$keda_crds.tmp" "$keda_crds"
+  log "KEDA $KEDA_VERSION CRDs written"
 fi
 log "all binaries ready in $((SECONDS - total_start))s"
 echo "$bin_dir"

@@ -29,14 +29,20 @@ def desired_replicas(*, current: int, backlog: int | None, spec: RolloutSpec, se
 
 
 def backlog_from_groups(groups: list[dict[str, Any]], stream_length: int) -> int:
-    """Lag + pending of the rollout group from XINFO GROUPS (lag missing on old Redis: length)."""
+    """Lag + pending of the rollout group from XINFO GROUPS.
+
+    Redis reports no lag before 7.0, and none after a deletion it cannot see past (workers delete
+    each prompt as they acknowledge it, so an answered prompt newer than a pending one is enough).
+    Then the stream's length is the backlog: it holds exactly the undelivered and the pending
+    entries.
+    """
     for group in groups:
         name = group.get("name")
         name = name.decode() if isinstance(name, bytes) else name
         if name == ROLLOUT_GROUP:
             lag = group.get("lag")
-            if lag is None:  # Redis < 7, or the lag is not computable after deletions
-                lag = stream_length
+            if lag is None:
+                return stream_length
             return int(lag) + int(group.get("pending", 0))
     return stream_length  # no group yet: nothing has been read
 

@@ -116,14 +116,17 @@ class Kube:
         out = self._request("GET", resource_path(api_version, kind, namespace), query=[("labelSelector", selector)])
         return (out or {}).get("items", [])
 
-    def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply: creates or updates, idempotent, owns only the fields it sets."""
+    def apply(self, manifest: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        """Server-side apply: creates or updates, idempotent, owns only the fields it sets. With
+        `dry_run`, the API server validates and admits it (webhooks and policies included) and
+        stores nothing."""
         meta = manifest["metadata"]
         path = resource_path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true")] + ([("dryRun", "All")] if dry_run else [])
         out = self._request(
             "PATCH",
             path,
-            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            query=query,
             body=manifest,
             content_type="application/apply-patch+yaml",
         )

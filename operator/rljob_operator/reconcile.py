@@ -7,6 +7,7 @@ first so a restart is never counted twice from a stale status.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets as pysecrets
 import threading
@@ -28,10 +29,12 @@ from rljob_operator.kube import RLJOB_API, ApiError, Kube
 from rljob_operator.names import ChildNames
 from rljob_operator.render import (
     KEDA_API,
+    KEDA_PAUSED,
     RenderPlan,
     redis_password_secret,
     redis_url,
     render_children,
+    render_keda,
     render_redis_secret,
 )
 from rljob_operator.settings import OperatorSettings
@@ -41,6 +44,8 @@ from rljob_operator.status import (
     TrainerDecision,
     compute_status,
     decide_trainer,
+    failed_reason,
+    held_status,
     iso,
     parse_time,
 )
@@ -72,6 +77,9 @@ class Reconciler:
         key = (namespace, name)
         for cache in (self._locks, self._passwords, self._redis_retry_at, self._last_redis_error, self._last_metrics):
             cache.pop(key, None)
+        for gauge in (prom.JOB_STEP, prom.JOB_REWARD, prom.ROLLOUT_DESIRED):  # no stale series of a deleted job
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, name)
 
     def reconcile(self, namespace: str, name: str, *, full: bool) -> None:
         prom.RECONCILES.labels(kind="full" if full else "timer").inc()
@@ -94,11 +102,14 @@ class Reconciler:
         try:
             job = RLJob.model_validate({"metadata": {"name": name, "namespace": ns}, "spec": body.get("spec") or {}})
         except ValidationError as exc:
-            self._fail_invalid(body, prev, generation, now, exc)
+            self._invalid(body, prev, generation, now, exc)
             return
+        stored = prev
         if prev.phase in TERMINAL:
-            self._finished(body, job, prev, now)
-            return
+            if not (failed_reason(prev) == "InvalidSpec" and prev.observed_generation != generation):
+                self._finished(body, job, prev, now)
+                return
+            prev = RLJobStatus()  # the spec that failed validation was replaced: start from scratch
 
         names = ChildNames(name, ns)
         managed = not job.spec.weight_sync.redis.external_url
@@ -112,10 +123,8 @@ class Reconciler:
                 terminal = reason == "GangProviderUnavailable"
                 decision = _fail(reason, message) if terminal else decide_trainer(job, prev, obs, now, lambda _: 0)
                 st = compute_status(job, generation, prev, obs, decision, 0, None, None, now)
-                self._write_status(body, prev, st)
+                self._write_status(body, stored, st)
                 return
-        if managed:
-            self._ensure_secret(job, uid)
 
         obs.trainer_job = self.kube.get("batch/v1", "Job", ns, names.trainer)
         obs.trainer_pods = self.kube.list("v1", "Pod", ns, f"rljob.dev/job={name},rljob.dev/role=trainer")
@@ -157,10 +166,27 @@ class Reconciler:
         others = [c for c in children if c["kind"] not in TRAINER_KINDS]
         missing = obs.rollout is None or (managed and obs.redis is None)
         if full or missing or prev.observed_generation != generation:
+            # All or nothing: a child the API server refuses (an immutable field, an admission
+            # policy) must not leave the others on the new spec and the rest on the old one.
+            refused = self._refusal(others)
+            if refused:
+                self._hold(body, stored, generation, "ApplyRejected", refused, now)
+                return
+            if managed:
+                self._ensure_secret(job, uid)
             for manifest in others:
                 self.kube.apply(manifest)
+            if job.spec.rollout.autoscaler != "keda" and self._api_available(KEDA_API):
+                self._delete_keda(names)  # switched away from KEDA: its HPA must stop writing replicas
         elif desired != current:
-            self.kube.apply(next(c for c in others if c["kind"] == "Deployment"))
+            deployment = next(c for c in others if c["kind"] == "Deployment")
+            try:
+                self.kube.apply(deployment)
+            except ApiError as exc:
+                if not _refused(exc):
+                    raise
+                self._hold(body, stored, generation, "ApplyRejected", _refusal_message(deployment, exc), now)
+                return
 
         creating = obs.trainer_job is None
         if decision.action == "apply" and creating and self._gang_terminating(trainer):
@@ -188,7 +214,33 @@ class Reconciler:
         prom.JOB_STEP.labels(ns, name).set(st.step or 0)
         prom.JOB_REWARD.labels(ns, name).set(st.mean_reward or 0.0)
         prom.ROLLOUT_DESIRED.labels(ns, name).set(desired)
-        self._write_status(body, prev, st)
+        self._write_status(body, stored, st)
+
+    def _refusal(self, manifests: list[dict[str, Any]]) -> str | None:
+        """Why the API server would refuse one of `manifests` (a dry-run apply of each), or None.
+        Only a refusal of the request itself counts; anything else (conflicts, throttling,
+        server errors) raises as before, and the pass is retried."""
+        for manifest in manifests:
+            try:
+                self.kube.apply(manifest, dry_run=True)
+            except ApiError as exc:
+                if _refused(exc):
+                    return _refusal_message(manifest, exc)
+                raise
+        return None
+
+    def _hold(self, body: dict[str, Any], stored: RLJobStatus, generation: int, reason: str, message: str,
+              now: float) -> None:  # fmt: skip
+        """Apply nothing of this generation; say why in Ready (and once as an event)."""
+        st = held_status(stored, generation, reason, message, now)
+        ready = next((c for c in stored.conditions if c.type == "Ready"), None)
+        if ready is None or (ready.reason, ready.message) != (reason, message):
+            self.post_event(body, "Warning", reason, message)
+        self._write_status(body, stored, st)
+
+    def _delete_keda(self, names: ChildNames) -> None:
+        for kind in ("ScaledObject", "TriggerAuthentication"):
+            self.kube.delete(KEDA_API, kind, names.namespace, names.rollout)
 
     def _gang_terminating(self, trainer: list[dict[str, Any]]) -> bool:
         for manifest in trainer:
@@ -301,6 +353,7 @@ class Reconciler:
         new = st.model_dump(by_alias=True, mode="json", exclude_none=True)
         if old == new:
             return
+        patch: dict[str, Any] = {**dict.fromkeys(old), **new}  # a merge patch deletes fields set to null
         if st.phase != prev.phase:
             failed = next((c for c in st.conditions if c.type == "Failed" and c.status == "True"), None)
             ready = next((c for c in st.conditions if c.type == "Ready"), None)
@@ -318,17 +371,25 @@ class Reconciler:
             )
         meta = body["metadata"]
         try:
-            self.kube.patch_status(meta["namespace"], meta["name"], new)
+            self.kube.patch_status(meta["namespace"], meta["name"], patch)
         except ApiError as exc:
             if exc.status != 404:
                 raise
 
-    def _fail_invalid(
+    def _invalid(
         self, body: dict[str, Any], prev: RLJobStatus, generation: int, now: float, exc: ValidationError
     ) -> None:
-        first = exc.errors()[0]
-        where = "spec." + ".".join(str(p) for p in first["loc"]) if first["loc"] else "spec"
-        message = f"{where}: {first['msg']}"
+        """A spec the schema let through but the model refuses (a CRD older than the operator, say).
+        A job that never ran fails with InvalidSpec (and starts over once the spec is replaced); one
+        that ran keeps running on its last valid spec (or stays finished), its Ready condition saying
+        what is wrong."""
+        message = invalid_spec_message(exc)
+        if prev.phase and (prev.phase not in TERMINAL or failed_reason(prev) != "InvalidSpec"):
+            running = prev.phase not in TERMINAL
+            self._hold(
+                body, prev, generation, "InvalidSpec", message + ("; still running the previous spec" * running), now
+            )
+            return
         job = RLJob()
         st = compute_status(job, generation, prev, Observed(), _fail("InvalidSpec", message), 0, None, None, now)
         self._write_status(body, prev, st)
@@ -337,17 +398,40 @@ class Reconciler:
         """Succeeded or Failed: rollout workers go away; the RLJob goes after its TTL."""
         ns, name = job.metadata.namespace, job.metadata.name
         names = ChildNames(name, ns)
+        plan = RenderPlan(uid=body["metadata"]["uid"], rollout_replicas=0, operator_namespace=self.settings.namespace)
+        if job.spec.rollout.autoscaler == "keda":
+            # Paused at zero, or KEDA's HPA would scale the workers back to minReplicaCount.
+            scaled = self.kube.get(KEDA_API, "ScaledObject", ns, names.rollout)
+            if scaled is not None and scaled["metadata"].get("annotations", {}).get(KEDA_PAUSED) != "0":
+                for manifest in render_keda(job, plan):
+                    self.kube.apply(manifest)
         rollout = self.kube.get("apps/v1", "Deployment", ns, names.rollout)
         if rollout and rollout.get("spec", {}).get("replicas"):
-            plan = RenderPlan(
-                uid=body["metadata"]["uid"], rollout_replicas=0, operator_namespace=self.settings.namespace
-            )
             deployment = next(c for c in render_children(job, plan) if c["kind"] == "Deployment")
             self.kube.apply(deployment)
         ttl = job.spec.ttl_seconds_after_finished
         done = parse_time(prev.completion_time)
         if ttl is not None and done is not None and now >= done + ttl:
             self.kube.delete(RLJOB_API, "RLJob", ns, name, propagation="Background")
+
+
+def _refused(exc: ApiError) -> bool:
+    """The API server refused the request itself (invalid, forbidden by a policy): retrying the
+    same request cannot help. Conflicts, throttling and server errors are not refusals."""
+    return 400 <= exc.status < 500 and exc.status not in (404, 409, 429)
+
+
+def _refusal_message(manifest: dict[str, Any], exc: ApiError) -> str:
+    return f"{manifest['kind']} {manifest['metadata']['name']}: {exc.message}"
+
+
+def invalid_spec_message(exc: ValidationError) -> str:
+    """'spec.<field path>: <what is wrong>' for the first error (the model's paths start at spec)."""
+    first = exc.errors()[0]
+    path = [str(part) for part in first["loc"]]
+    if path and path[0] == "spec":
+        path = path[1:]
+    return f"{'.'.join(['spec', *path])}: {first['msg']}"
 
 
 def _fail(reason: str, message: str) -> TrainerDecision:

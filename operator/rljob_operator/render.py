@@ -37,6 +37,7 @@ CHECKPOINT_DIR = "/checkpoints"
 WORKER_UID = 1000
 REDIS_UID = 999
 KEDA_API = "keda.sh/v1alpha1"
+KEDA_PAUSED = "autoscaling.keda.sh/paused-replicas"
 # Parts of the spec each role reads: a change there rolls that role, a change elsewhere does not.
 TRAINER_INPUTS = ("model", "data", "agent", "grpo", "warmup", "trainer", "weightSync", "eval")
 ROLLOUT_INPUTS = ("model", "data", "agent", "rollout", "weightSync")
@@ -459,7 +460,7 @@ def render_keda(job: RLJob, plan: RenderPlan) -> list[Manifest]:
         "metadata": _meta(job, names.rollout, "rollout", plan.uid),
         "spec": {"secretTargetRef": [{"parameter": "password", "name": redis_password_secret(job), "key": "password"}]},
     }
-    annotations = {"autoscaling.keda.sh/paused-replicas": "0"} if plan.rollout_replicas == 0 else {}
+    annotations = {KEDA_PAUSED: "0"} if plan.rollout_replicas == 0 else {}
     scaled = {
         "apiVersion": KEDA_API,
         "kind": "ScaledObject",

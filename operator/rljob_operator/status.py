@@ -165,6 +165,20 @@ def set_condition(
     return sorted(out, key=lambda c: c.type)
 
 
+def held_status(prev: RLJobStatus, generation: int, reason: str, message: str, now: float) -> RLJobStatus:
+    """The status of a pass that applied nothing of a new generation (the API server refused a
+    child, or the spec is invalid): everything as it was, Ready false saying why. The observed
+    generation stays where it was, because this generation is not in effect."""
+    st = prev.model_copy(deep=True)
+    st.phase = prev.phase or "Pending"
+    st.conditions = set_condition(st.conditions, "Ready", False, reason, message, iso(now), generation)
+    return st
+
+
+def failed_reason(st: RLJobStatus) -> str | None:
+    return next((c.reason for c in st.conditions if c.type == "Failed" and c.status == "True"), None)
+
+
 def compute_status(
     job: RLJob,
     generation: int,

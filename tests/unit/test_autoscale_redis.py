@@ -39,3 +39,24 @@ def test_backlog_counts_evaluation_prompts_as_the_workers_do(redis_client) -> No
         redis_client.xadd(keys.prompts, {"data": str(i)})
     redis_client.xreadgroup(ROLLOUT_GROUP, "w1", {keys.eval_prompts: ">"}, count=2)
     assert read_backlog(redis_client, keys) == 9 == pending_prompts(redis_client, keys)
+
+
+@pytest.mark.integration
+def test_backlog_when_redis_cannot_compute_the_lag(redis_client) -> None:
+    # Workers delete each prompt as they acknowledge it. A prompt answered (and deleted) after an
+    # older one that is still pending leaves Redis unable to compute the group's lag: the backlog
+    # is then the stream's length (undelivered + pending), not length + pending.
+    keys = JobKeys("ns", "lagless")
+    for stream in (keys.prompts, keys.eval_prompts):
+        redis_client.xgroup_create(stream, ROLLOUT_GROUP, id="0", mkstream=True)
+    for i in range(5):
+        redis_client.xadd(keys.prompts, {"data": str(i)})
+    taken = redis_client.xreadgroup(ROLLOUT_GROUP, "w1", {keys.prompts: ">"}, count=2)
+    newer = taken[0][1][1][0]
+    redis_client.xack(keys.prompts, ROLLOUT_GROUP, newer)
+    redis_client.xdel(keys.prompts, newer)
+    group = next(
+        g for g in redis_client.xinfo_groups(keys.prompts) if g["name"] in (ROLLOUT_GROUP, ROLLOUT_GROUP.encode())
+    )
+    assert group["lag"] is None  # what this test is about (Redis 7.0+)
+    assert read_backlog(redis_client, keys) == 4 == pending_prompts(redis_client, keys)  # 3 undelivered + 1 pending

@@ -10,7 +10,15 @@ from rljob_operator.api import RLJobStatus
 from rljob_operator.names import ANNOTATION_TRAINER_HASH
 from rljob_operator.render import trainer_hash
 from rljob_operator.settings import OperatorSettings
-from rljob_operator.status import Observed, compute_status, decide_trainer, iso
+from rljob_operator.status import (
+    Observed,
+    TrainerDecision,
+    compute_status,
+    decide_trainer,
+    failed_reason,
+    held_status,
+    iso,
+)
 
 NOW = 1_800_000_000.0
 
@@ -211,3 +219,67 @@ def test_operator_backoff_doubles_and_caps() -> None:
         metrics_port=0,
     )
     assert [s.restart_backoff(n) for n in range(5)] == [0, 5, 10, 20, 30]
+
+
+def test_a_held_pass_keeps_everything_but_says_why_in_ready() -> None:
+    # The API server refused a child of generation 3 (or the spec is invalid): nothing of it is in
+    # effect, so the status stays at generation 2, with the reason in Ready for generation 3.
+    job = make(trainer={"replicas": 2})
+    obs = Observed(
+        trainer_job=trainer_job(job),
+        trainer_pods=[pod("a", "Running"), pod("b", "Running")],
+        rollout={"status": {"readyReplicas": 3}},
+        redis={"status": {"readyReplicas": 1}},
+    )
+    running = compute_status(job, 2, RLJobStatus(), obs, decide_trainer(job, RLJobStatus(), obs, NOW, backoff), 3,
+                             None, None, NOW)  # fmt: skip
+    held = held_status(running, 3, "ApplyRejected", "Deployment j-rollout: denied by policy", NOW + 1)
+    assert held.phase == "Running" and held.observed_generation == 2
+    ready = cond(held, "Ready")
+    assert (ready.status, ready.reason, ready.message) == (
+        "False",
+        "ApplyRejected",
+        "Deployment j-rollout: denied by policy",
+    )
+    assert ready.observed_generation == 3
+    assert [c for c in held.conditions if c.type != "Ready"] == [c for c in running.conditions if c.type != "Ready"]
+    assert held_status(RLJobStatus(), 1, "ApplyRejected", "x", NOW).phase == "Pending"  # a new job: nothing built
+
+
+def test_invalid_spec_message_names_the_field_once() -> None:
+    from pydantic import ValidationError
+
+    from rljob.config import RLJob as Model
+    from rljob_operator.reconcile import invalid_spec_message
+
+    try:
+        Model.model_validate(
+            {"spec": {"weightSync": {"redis": {"externalUrl": "redis://r:99999", "passwordSecret": "s"}}}}
+        )
+    except ValidationError as exc:
+        message = invalid_spec_message(exc)
+    assert message.startswith("spec.weightSync.redis.externalUrl: ") and "spec.spec" not in message
+    assert "Port out of range" in message
+    failed = compute_status(make(), 1, RLJobStatus(), Observed(), TrainerDecision("fail", "InvalidSpec", message), 0,
+                            None, None, NOW)  # fmt: skip
+    assert failed.phase == "Failed" and failed_reason(failed) == "InvalidSpec"
+
+
+def test_forgetting_a_deleted_job_drops_its_metric_series() -> None:
+    import logging
+
+    from prometheus_client import REGISTRY
+
+    from rljob_operator import metrics as prom
+    from rljob_operator.reconcile import Reconciler
+
+    settings = OperatorSettings("rljob-system", "keda", 1.0, 1.0, 10.0, redis_timeout_seconds=0.5, metrics_port=0)
+    reconciler = Reconciler(kube=None, settings=settings, post_event=lambda *a: None, log=logging.getLogger("t"))  # type: ignore[arg-type]
+    for gauge in (prom.JOB_STEP, prom.JOB_REWARD, prom.ROLLOUT_DESIRED):
+        gauge.labels("gone-ns", "gone").set(3)
+    labels = {"namespace": "gone-ns", "name": "gone"}
+    assert REGISTRY.get_sample_value("rljob_job_step", labels) == 3
+    reconciler.forget("gone-ns", "gone")
+    reconciler.forget("gone-ns", "gone")  # twice (kopf may retry a deletion handler): no error
+    for metric in ("rljob_job_step", "rljob_job_mean_reward", "rljob_job_rollout_replicas_desired"):
+        assert REGISTRY.get_sample_value(metric, labels) is None
