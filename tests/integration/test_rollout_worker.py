@@ -86,7 +86,7 @@ def test_in_process_worker_dedupes_and_stops(redis_server, redis_client) -> None
     redis_client.xadd(keys.prompts, {"data": again.model_dump_json()})  # a redelivered request id
     redis_client.xadd(keys.prompts, {"data": "not json"})
     deadline = time.monotonic() + 30
-    while _pending(redis_client, keys.prompts) or redis_client.xlen(keys.prompts) < 4:
+    while _pending(redis_client, keys.prompts) or redis_client.xlen(keys.prompts):  # answered prompts are deleted
         assert time.monotonic() < deadline
         time.sleep(0.1)
     heartbeat = json.loads(redis_client.hget(keys.workers, "w0"))
@@ -102,6 +102,7 @@ def test_in_process_worker_dedupes_and_stops(redis_server, redis_client) -> None
     assert all(len(g.trajectories) == 2 and g.worker_id == "w0" for g in sampled + evaluated)
     info = {g["name"].decode(): g for g in redis_client.xinfo_groups(keys.prompts)}[ROLLOUT_GROUP]
     assert info["pending"] == 0 and info["lag"] == 0
+    assert redis_client.xlen(keys.prompts) == redis_client.xlen(keys.eval_prompts) == 0  # nothing left behind
     assert redis_client.hget(keys.workers, "w0") is None  # a clean exit removes the heartbeat
 
 
@@ -162,5 +163,5 @@ def test_two_workers_one_killed_mid_batch(redis_server, redis_client, tmp_path) 
     by_request = {g.request_id: g.worker_id for g in answered}
     assert held_requests and all(by_request[r] == "survivor" for r in held_requests)
     for stream in (keys.prompts, keys.eval_prompts):
-        assert _pending(redis_client, stream) == []
+        assert _pending(redis_client, stream) == [] and redis_client.xlen(stream) == 0
     assert redis_client.hget(keys.workers, "survivor") is None

@@ -105,13 +105,34 @@ def lines_of(results: Path) -> list[dict]:
     return [json.loads(x) for x in (results / "metrics.jsonl").read_text().splitlines()]
 
 
-def _prompts(client: redis.Redis, keys: JobKeys) -> list[PromptRequest]:
-    return [PromptRequest.model_validate_json(f[b"data"]) for _, f in client.xrange(keys.prompts)]
+@pytest.fixture
+def sent_prompts(monkeypatch: pytest.MonkeyPatch) -> list[PromptRequest]:
+    """Training prompts as the trainer enqueues them: answered ones leave the stream, so record them."""
+    import rljob.trainer.streams as trainer_streams
+
+    sent: list[PromptRequest] = []
+    enqueue = trainer_streams.enqueue_prompts
+
+    def recording(client: redis.Redis, stream: str, requests) -> None:
+        if stream.endswith("}:prompts"):
+            sent.extend(requests)
+        enqueue(client, stream, requests)
+
+    monkeypatch.setattr(trainer_streams, "enqueue_prompts", recording)
+    return sent
+
+
+def _assert_streams_empty(client: redis.Redis, keys: JobKeys) -> None:
+    """Every entry consumed and acknowledged is deleted: nothing piles up in a noeviction Redis."""
+    streams = (keys.prompts, keys.eval_prompts, keys.trajectories, keys.eval_results)
+    assert {s: client.xlen(s) for s in streams} == dict.fromkeys(streams, 0)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_trains_publishes_evaluates_checkpoints_and_resumes(redis_server, tiny_model_dir: Path, tmp_path: Path):
+def test_trains_publishes_evaluates_checkpoints_and_resumes(
+    redis_server, tiny_model_dir: Path, tmp_path: Path, sent_prompts: list[PromptRequest]
+):
     job = _job(tiny_model_dir, total_steps=3)
     keys = JobKeys("test", "grpo-it")
     client = redis.Redis.from_url(redis_server.url)
@@ -140,10 +161,11 @@ def test_trains_publishes_evaluates_checkpoints_and_resumes(redis_server, tiny_m
         assert client.xlen(keys.metrics_log) == 3
         assert sorted(p.name for p in ckpt.iterdir()) == ["step-00000002", "step-00000003"]
         # synchronous mode: step k's prompts wait for version k; each question once per step
-        prompts = _prompts(client, keys)
+        prompts = list(sent_prompts)
         assert [(p.step, p.min_policy_version) for p in prompts] == [(k, k) for k in range(3) for _ in range(2)]
         assert len({p.request_id for p in prompts}) == 6
         assert client.xpending(keys.trajectories, TRAINER_GROUP)["pending"] == 0  # all acknowledged
+        _assert_streams_empty(client, keys)
 
         # A new gang process with a longer horizon resumes from the step-3 checkpoint.
         client.hdel(keys.control, "done")
@@ -151,8 +173,9 @@ def test_trains_publishes_evaluates_checkpoints_and_resumes(redis_server, tiny_m
         m = TrainerMetrics.from_redis(client.hgetall(keys.metrics))
         assert m.state == "succeeded" and m.step == 4
         assert m.policy_version == 5  # 4: the resumed weights re-published, 5: after step 4
-        resumed = _prompts(client, keys)[6:]
+        resumed = sent_prompts[6:]
         assert [p.step for p in resumed] == [3, 3] and all(p.min_policy_version == 4 for p in resumed)
+        _assert_streams_empty(client, keys)
     finally:
         stop.set()
         worker.join(timeout=30)
@@ -172,13 +195,25 @@ def test_a_failure_is_recorded_in_the_metrics_hash(redis_server, tmp_path: Path)
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_policy_lag_pipelines_prompts_ahead(redis_server, tiny_model_dir: Path, tmp_path: Path):
+def test_policy_lag_pipelines_prompts_ahead(
+    redis_server, tiny_model_dir: Path, tmp_path: Path, sent_prompts: list[PromptRequest], monkeypatch
+):
     """Against the project's own rollout worker (real rewards: all zero for a random model, which is
     fine here: this test is about which prompts go out when, not about learning)."""
     from rljob.engines.hf import HFEngine
     from rljob.retrieval.retriever import build_retriever_for_spec
     from rljob.rollout.worker import run_rollout_worker
+    from rljob.trainer.streams import TrajectoryCollector
 
+    trained: list = []  # the groups the trainer used (the stream keeps none once acknowledged)
+    collect = TrajectoryCollector.collect
+
+    def recording(self, *args, **kwargs):
+        groups, entry_ids = collect(self, *args, **kwargs)
+        trained.extend(groups)
+        return groups, entry_ids
+
+    monkeypatch.setattr(TrajectoryCollector, "collect", recording)
     job = _job(tiny_model_dir, total_steps=3, lag=1)
     job.spec.eval.interval = 0
     keys = JobKeys("test", "grpo-it")
@@ -199,8 +234,9 @@ def test_policy_lag_pipelines_prompts_ahead(redis_server, tiny_model_dir: Path, 
     m = TrainerMetrics.from_redis(client.hgetall(keys.metrics))
     assert m.state == "succeeded" and m.step == 3 and m.policy_version == 3 and m.eval_step == -1
     # steps 0 and 1 go out before any update; step k+1 goes out while step k trains, needing version k
-    prompts = _prompts(client, keys)
+    prompts = list(sent_prompts)
     assert [(p.step, p.min_policy_version) for p in prompts] == [(0, 0), (0, 0), (1, 0), (1, 0), (2, 1), (2, 1)]
-    groups = [json.loads(f[b"data"]) for _, f in client.xrange(keys.trajectories)]
-    for g in groups:  # every sample was within the allowed lag of the version it trained
-        assert all(t["policy_version"] >= g["step"] - 1 for t in g["trajectories"])
+    assert len(trained) == 6
+    for g in trained:  # every sample was within the allowed lag of the version it trained
+        assert all(t.policy_version >= g.step - 1 for t in g.trajectories)
+    _assert_streams_empty(client, keys)

@@ -5,6 +5,11 @@ SADD its request id to the done set, XACK the prompt) guarded by WATCH on the do
 can leave the prompt either unanswered and pending (to be reclaimed) or answered and acknowledged,
 never answered twice. And a request id already in the done set is only acknowledged, which covers a
 slow worker whose prompt was reclaimed and answered by another.
+
+Retention: a prompt entry is deleted in the same transaction that acknowledges it. The job's Redis
+runs with noeviction, so acknowledged entries left in a stream would grow until every write fails.
+Only acknowledged entries are deleted, so a prompt held by a worker that dies stays pending, to be
+reclaimed. With every acknowledged entry deleted, a prompt stream's length is exactly its backlog.
 """
 
 from __future__ import annotations
@@ -73,11 +78,39 @@ def reclaim_stale(client: redis.Redis, keys: JobKeys, consumer: str, min_idle_ms
     return taken
 
 
+def _take(client: redis.Redis, stream: str, consumer: str, count: int) -> list[HeldPrompt]:
+    reply = client.xreadgroup(ROLLOUT_GROUP, consumer, {stream: ">"}, count=count)
+    return [_held(stream, entry_id, fields) for _, entries in reply or [] for entry_id, fields in entries]
+
+
+def _take_up_to(client: redis.Redis, keys: JobKeys, consumer: str, count: int) -> list[HeldPrompt]:
+    """At most `count` new prompts, evaluation ones first. One XREADGROUP over both streams would
+    apply COUNT per stream and could take twice the batch."""
+    taken = _take(client, keys.eval_prompts, consumer, count)
+    if len(taken) < count:
+        taken += _take(client, keys.prompts, consumer, count - len(taken))
+    return taken
+
+
+def _last_delivered(client: redis.Redis, stream: str) -> str:
+    for group in client.xinfo_groups(stream):
+        if _text(group.get("name", b"")) == ROLLOUT_GROUP:
+            return _text(group.get("last-delivered-id", b"0-0"))
+    return "0-0"
+
+
 def read_new(client: redis.Redis, keys: JobKeys, consumer: str, count: int, block_ms: int) -> list[HeldPrompt]:
-    reply = client.xreadgroup(
-        ROLLOUT_GROUP, consumer, {keys.eval_prompts: ">", keys.prompts: ">"}, count=count, block=block_ms
-    )
-    return [_held(_text(stream), entry_id, fields) for stream, entries in reply or [] for entry_id, fields in entries]
+    """Up to `count` new prompts, waiting up to `block_ms` for some to arrive.
+
+    The wait is a plain XREAD past each group's last-delivered id: it consumes nothing, so the
+    batch limit holds, and a prompt added after our first look still ends the wait at once."""
+    taken = _take_up_to(client, keys, consumer, count)
+    if taken or block_ms <= 0:
+        return taken
+    since = {stream: _last_delivered(client, stream) for stream in (keys.eval_prompts, keys.prompts)}
+    if client.xread(since, count=1, block=block_ms):
+        taken = _take_up_to(client, keys, consumer, count)
+    return taken  # empty when another worker was faster
 
 
 def refresh_idle(client: redis.Redis, consumer: str, held: list[HeldPrompt]) -> None:
@@ -96,9 +129,20 @@ def done_request_ids(client: redis.Redis, keys: JobKeys, request_ids: list[str])
     return {rid for rid, flag in zip(request_ids, flags, strict=True) if flag}
 
 
+def _ack_and_delete(pipe: redis.client.Pipeline, stream: str, *entry_ids: str) -> None:
+    """Queue XACK + XDEL: an answered prompt leaves the stream (see the module docstring)."""
+    pipe.xack(stream, ROLLOUT_GROUP, *entry_ids)
+    pipe.xdel(stream, *entry_ids)
+
+
 def acknowledge(client: redis.Redis, held: list[HeldPrompt]) -> None:
-    for h in held:
-        client.xack(h.stream, ROLLOUT_GROUP, h.entry_id)
+    """Acknowledge and delete prompts that need no answer (unparsable, or already answered)."""
+    if not held:
+        return
+    with client.pipeline(transaction=True) as pipe:
+        for h in held:
+            _ack_and_delete(pipe, h.stream, h.entry_id)
+        pipe.execute()
 
 
 def publish_group(client: redis.Redis, keys: JobKeys, prompt: HeldPrompt, group: TrajectoryGroup) -> bool:
@@ -113,7 +157,7 @@ def publish_group(client: redis.Redis, keys: JobKeys, prompt: HeldPrompt, group:
                 if not already:
                     pipe.xadd(out, {"data": group.model_dump_json()})
                     pipe.sadd(keys.rollout_done, group.request_id)
-                pipe.xack(prompt.stream, ROLLOUT_GROUP, prompt.entry_id)
+                _ack_and_delete(pipe, prompt.stream, prompt.entry_id)
                 pipe.execute()
                 return not already
             except redis.WatchError:
@@ -125,16 +169,21 @@ def release(client: redis.Redis, held: list[HeldPrompt]) -> None:
     for h in held:
         with client.pipeline(transaction=True) as pipe:
             pipe.xadd(h.stream, {"data": h.data})
-            pipe.xack(h.stream, ROLLOUT_GROUP, h.entry_id)
+            _ack_and_delete(pipe, h.stream, h.entry_id)
             pipe.execute()
 
 
 def pending_prompts(client: redis.Redis, keys: JobKeys) -> int:
-    """Prompts not yet answered: never delivered (lag) plus delivered and unacknowledged."""
+    """Prompts not yet answered: never delivered (lag) plus delivered and unacknowledged.
+
+    Redis reports the lag as null after an out-of-order deletion (the group's last delivered entry
+    deleted while an older one is still pending); the stream's length is then the backlog, since
+    every acknowledged entry is deleted."""
     total = 0
     for stream in (keys.prompts, keys.eval_prompts):
         for group in client.xinfo_groups(stream):
             name = _text(group.get("name", b""))
             if name == ROLLOUT_GROUP:
-                total += int(group.get("pending") or 0) + int(group.get("lag") or 0)
+                lag = group.get("lag")
+                total += int(client.xlen(stream)) if lag is None else int(group.get("pending") or 0) + int(lag)
     return total

@@ -4,6 +4,15 @@ Trajectory groups are read with the trainer consumer group and acknowledged only
 that used them has been trained and published, so a trainer that dies mid-step finds them again
 (its pending entries) when the gang restarts. Duplicates (a prompt redelivered to a second worker,
 or re-enqueued after a restart) are recognised by request id and acknowledged unused.
+
+Retention: every trajectory entry is deleted in the transaction that acknowledges it, and eval
+results are deleted once read (the trainer is their only reader). The job's Redis runs with
+noeviction, so entries left behind would grow until every write fails.
+
+A group the trainer cannot parse is dropped, but its request was answered (the worker put its id in
+the done set), so nobody would ever regenerate it. The collector notices, re-enqueues that prompt a
+bounded number of times, and then fails with `IncompatibleGroupError`: the usual cause is rollout
+workers running an rljob image of a different version than the trainer.
 """
 
 from __future__ import annotations
@@ -20,6 +29,13 @@ from rljob.keys import TRAINER_GROUP, JobKeys
 from rljob.protocol import PromptRequest, TrajectoryGroup
 
 log = logging.getLogger(__name__)
+
+
+_SKEW_HINT = "the rollout workers most likely run an rljob image of a different version than the trainer"
+
+
+class IncompatibleGroupError(RuntimeError):
+    """A worker's answers cannot be parsed by this trainer, even after a retry."""
 
 
 def _s(raw: bytes | str) -> str:
@@ -55,43 +71,83 @@ class TrajectoryCollector:
     keys: JobKeys
     consumer: str = "trainer-0"
     block_ms: int = 1000
-    expected: dict[str, int] = field(default_factory=dict)  # request id -> step
+    max_requeues: int = 1  # per request: one retry tells a one-off from a systematic failure
+    expected: dict[str, PromptRequest] = field(default_factory=dict)  # request id -> its prompt
     buffer: dict[str, _Pending] = field(default_factory=dict)  # request id -> first copy received
+    requeued: dict[str, int] = field(default_factory=dict)  # request id -> times re-enqueued
     _backlog_cursor: str | None = "0"  # None once our pending entries have all been read back
+    _dropped: str | None = None  # why the last unparsable entry was dropped, until we looked for losses
 
     def __post_init__(self) -> None:
         ensure_group(self.client, self.keys.trajectories, TRAINER_GROUP)
 
     def expect(self, requests: Sequence[PromptRequest]) -> None:
         for req in requests:
-            self.expected[req.request_id] = req.step
+            self.expected[req.request_id] = req
 
-    def _read(self) -> list[tuple[str, dict]]:
+    def _read(self, block_ms: int | None) -> list[tuple[str, dict | None]]:
         # First our own pending entries (delivered before a restart, never acknowledged), then new ones.
         backlog = self._backlog_cursor is not None
         start = self._backlog_cursor if backlog else ">"
         reply = self.client.xreadgroup(
             TRAINER_GROUP, self.consumer, {self.keys.trajectories: start}, count=256,
-            block=None if backlog else self.block_ms,
+            block=None if backlog else block_ms,
         )  # fmt: skip
         entries = reply[0][1] if reply else []
         if backlog:
             self._backlog_cursor = _s(entries[-1][0]) if entries else None
         return [(_s(eid), fields) for eid, fields in entries]
 
-    def _accept(self, entry_id: str, fields: dict, current_step: int) -> None:
-        raw = fields.get(b"data", fields.get("data"))
+    def _accept(self, entry_id: str, fields: dict | None, current_step: int) -> None:
+        raw = (fields or {}).get(b"data", (fields or {}).get("data"))
         try:
             group = TrajectoryGroup.model_validate_json(raw)
         except Exception as exc:  # a malformed entry must not wedge the trainer
             log.warning("dropping malformed trajectory entry %s: %s", entry_id, exc)
+            self._dropped = f"{type(exc).__name__}: {exc}"[:500]
             self.ack([entry_id])
             return
-        step = self.expected.get(group.request_id)
-        if step is None or step < current_step or group.request_id in self.buffer:
+        req = self.expected.get(group.request_id)
+        if req is None or req.step < current_step or group.request_id in self.buffer:
             self.ack([entry_id])  # unknown, late or duplicate
             return
         self.buffer[group.request_id] = _Pending(entry_id, group)
+
+    def _drain(self, current_step: int) -> None:
+        """Accept everything in the stream now, without waiting."""
+        while True:
+            entries = self._read(None)
+            for entry_id, fields in entries:
+                self._accept(entry_id, fields, current_step)
+            if not entries and self._backlog_cursor is None:
+                return
+
+    def _recover_dropped(self, current_step: int) -> None:
+        """Re-enqueue requests a worker answered whose group we dropped as unparsable.
+
+        The done set is read before draining the stream: a worker adds the id and its group in one
+        transaction, so an id that was done then and still has no group after the drain was dropped."""
+        reason, self._dropped = self._dropped, None
+        missing = [r for r in self.expected if r not in self.buffer]
+        flags = self.client.smismember(self.keys.rollout_done, missing) if missing else []
+        answered = [r for r, done in zip(missing, flags, strict=True) if done]
+        self._drain(current_step)
+        for request_id in answered:
+            if request_id not in self.buffer:
+                self._requeue(request_id, reason or "unparsable")
+
+    def _requeue(self, request_id: str, reason: str) -> None:
+        tries = self.requeued[request_id] = self.requeued.get(request_id, 0) + 1
+        if tries > self.max_requeues:
+            raise IncompatibleGroupError(
+                f"the trajectory group for request {request_id} could not be parsed {tries} times ({reason}); "
+                f"{_SKEW_HINT}"
+            )
+        log.warning("re-enqueuing request %s: its trajectory group could not be parsed (%s)", request_id, reason)
+        with self.client.pipeline(transaction=True) as pipe:  # a worker must not see the prompt while still done
+            pipe.srem(self.keys.rollout_done, request_id)
+            pipe.xadd(self.keys.prompts, {"data": self.expected[request_id].model_dump_json()})
+            pipe.execute()
 
     def collect(
         self,
@@ -106,6 +162,8 @@ class TrajectoryCollector:
         started = last_report = time.monotonic()
         wanted = list(request_ids)
         while True:
+            if self._dropped is not None:
+                self._recover_dropped(step)
             missing = [r for r in wanted if r not in self.buffer]
             if not missing:
                 break
@@ -115,18 +173,24 @@ class TrajectoryCollector:
                          len(wanted), last_report - started)  # fmt: skip
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 raise TimeoutError(f"step {step}: {len(missing)} of {len(wanted)} trajectory groups missing")
-            for entry_id, fields in self._read():
+            for entry_id, fields in self._read(self.block_ms):
                 self._accept(entry_id, fields, step)
             if on_wait is not None:
                 on_wait(len(wanted) - len(missing), len(wanted))
         pending = [self.buffer.pop(r) for r in wanted]
         for r in wanted:
             self.expected.pop(r, None)
+            self.requeued.pop(r, None)
         return [p.group for p in pending], [p.entry_id for p in pending]
 
     def ack(self, entry_ids: Sequence[str]) -> None:
-        if entry_ids:
-            self.client.xack(self.keys.trajectories, TRAINER_GROUP, *entry_ids)
+        """Acknowledge and delete, in one transaction: acknowledged entries must not pile up."""
+        if not entry_ids:
+            return
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.xack(self.keys.trajectories, TRAINER_GROUP, *entry_ids)
+            pipe.xdel(self.keys.trajectories, *entry_ids)
+            pipe.execute()
 
 
 def stream_last_id(client: redis.Redis, stream: str) -> str:
@@ -142,8 +206,12 @@ def eval_round(
     timeout_s: float,
     block_ms: int = 1000,
 ) -> list[TrajectoryGroup]:
-    """Enqueue greedy eval prompts and wait for their results (any order, duplicates ignored)."""
+    """Enqueue greedy eval prompts and wait for their results (any order, duplicates ignored).
+
+    Results are deleted as they are read, and those left by an earlier round that timed out are
+    trimmed first. An unparsable result fails at once: waiting out the timeout would not help."""
     since = stream_last_id(client, keys.eval_results)
+    client.xtrim(keys.eval_results, maxlen=0, approximate=False)  # older rounds' leftovers: nobody reads them
     enqueue_prompts(client, keys.eval_prompts, requests)
     wanted = {r.request_id for r in requests}
     got: dict[str, TrajectoryGroup] = {}
@@ -157,14 +225,20 @@ def eval_round(
             last_report = now
             log.info("eval: %d/%d questions answered (%.0fs)", len(got), len(wanted), now - started)
         reply = client.xread({keys.eval_results: since}, count=256, block=block_ms)
-        for _, entries in reply or []:
-            for eid, fields in entries:
-                since = _s(eid)
-                raw: Any = fields.get(b"data", fields.get("data"))
-                try:
-                    group = TrajectoryGroup.model_validate_json(raw)
-                except Exception:
-                    continue
-                if group.request_id in wanted:
-                    got.setdefault(group.request_id, group)
+        entries = [(_s(eid), fields) for _, batch in reply or [] for eid, fields in batch]
+        if entries:
+            since = entries[-1][0]
+            client.xdel(keys.eval_results, *[eid for eid, _ in entries])
+        for eid, fields in entries:
+            group = _eval_result(eid, fields)
+            if group.request_id in wanted:
+                got.setdefault(group.request_id, group)
     return [got[r.request_id] for r in requests]
+
+
+def _eval_result(entry_id: str, fields: dict) -> TrajectoryGroup:
+    raw: Any = fields.get(b"data", fields.get("data"))
+    try:
+        return TrajectoryGroup.model_validate_json(raw)
+    except Exception as exc:
+        raise IncompatibleGroupError(f"eval result {entry_id} could not be parsed ({exc}); {_SKEW_HINT}") from exc
