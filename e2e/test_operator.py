@@ -242,6 +242,7 @@ INVALID = [
         "spec.weightSync.redis.passwordSecret",
     ),
     ({"weightSync": {"redis": {"image": ""}}}, "spec.weightSync.redis.image"),
+    ({"agent": {"temperature": 0}}, "spec.agent.temperature"),  # greedy groups: GRPO would never update
     ({"trainer": {"replicas": 0}}, "spec.trainer.replicas"),
     ({"restartLimit": -1}, "spec.restartLimit"),
 ]

@@ -34,12 +34,25 @@ def test_exact_match_against_any_gold() -> None:
 
 def test_f1_partial_overlap_and_edge_cases() -> None:
     assert f1_score("Gold Coast Queensland", ["Gold Coast"]) == pytest.approx(2 * (2 / 3) * 1 / (2 / 3 + 1))
-    assert f1_score("the", ["a"]) == 1.0  # both normalise to empty
+    assert f1_score("the", ["a"]) == 0.0  # both normalise to empty, but differ: see the test below
     assert f1_score("", ["Paris"]) == 0.0
     assert f1_score(None, ["Paris"]) == 0.0
     assert f1_score("no way", ["no"]) == 0.0  # HotpotQA: yes/no only score when identical
     assert f1_score("yes", ["yes"]) == 1.0
     assert f1_score("Paris", ["London", "paris!"]) == 1.0
+
+
+@pytest.mark.parametrize("score", [exact_match, f1_score])
+def test_a_gold_that_normalises_to_nothing_matches_only_itself(score) -> None:
+    """HotpotQA has golds like "!!!": full normalisation empties them, and "the" or "?" too."""
+    assert normalize_answer("!!!") == normalize_answer("the") == ""
+    for answer in ("the", "?", "", "a", "!!", "!!!!"):
+        assert score(answer, ["!!!"]) == 0.0, answer
+    for answer in ("!!!", " !!! ", "!!!\n"):
+        assert score(answer, ["!!!"]) == 1.0, answer
+    assert score("The", ["the"]) == 1.0  # light normalisation still ignores case
+    assert score("Paris", ["!!!", "Paris."]) == 1.0  # other golds keep full normalisation
+    assert score("the", ["!!!", "Paris"]) == 0.0
 
 
 def test_trajectory_reward_em_f1_and_bonuses() -> None:

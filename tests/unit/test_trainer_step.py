@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rljob.config import GRPOSpec
+from rljob.config import AgentSpec, GRPOSpec
 from rljob.protocol import TrajectoryGroup
 from rljob.trainer.grpo import GRPOTrainer
 from rljob.trainer.model import tiny_causal_lm
@@ -134,3 +134,14 @@ def test_gradient_checkpointing_gives_the_same_gradient() -> None:
         trainer.train_step(groups, 0)
         grads.append(captured[0])
     assert torch.allclose(grads[0], grads[1], atol=1e-7, rtol=1e-5)
+
+
+def test_greedy_rollouts_are_refused_by_the_api_and_the_trainer() -> None:
+    """T=0 makes every group identical: no advantage, no update, a job that "succeeds" unchanged."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="greater than 0"):
+        AgentSpec(temperature=0.0)
+    assert AgentSpec(temperature=0.05).temperature == 0.05
+    with pytest.raises(ValueError, match="temperature"):
+        GRPOTrainer(tiny_causal_lm(32), None, _spec(), temperature=0.0)

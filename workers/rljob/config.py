@@ -86,7 +86,13 @@ class AgentSpec(ApiModel):
         1024, ge=64, le=32768, description="Budget for the whole trajectory, prompt included."
     )
     passage_max_words: int = Field(60, ge=8, le=1000, description="Passages are cut to this many words.")
-    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature for rollouts.")
+    temperature: float = Field(
+        1.0,
+        gt=0.0,
+        le=2.0,
+        description="Sampling temperature for rollouts; must be > 0: GRPO learns from differences within a "
+        "group, and greedy (T=0) samples make every group identical, so no step would update the policy.",
+    )
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold for rollouts.")
     format_reward: float = Field(0.0, ge=0.0, le=1.0, description="Bonus for a well-formed answer tag (0 disables it).")
     search_reward: float = Field(0.0, ge=0.0, le=1.0, description="Bonus for making at least one search.")

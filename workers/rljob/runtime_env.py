@@ -62,12 +62,24 @@ class WorkerEnv(BaseModel):
         """The URL with the password in it; never log this."""
         if not self.redis_password:
             return self.redis_url
-        parts = urlsplit(self.redis_url)
-        netloc = f":{quote(self.redis_password, safe='')}@{parts.hostname}:{parts.port or 6379}"
-        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+        return with_password(self.redis_url, self.redis_password)
 
     def load_job(self) -> RLJob:
         return resolve_bundled(load_rljob(self.config_path))
+
+
+def with_password(url: str, password: str) -> str:
+    """`url` with `password` (percent-encoded) as its password, everything else as written.
+
+    The host and port are copied verbatim rather than rebuilt from the parsed host name, so an ACL
+    user name (`rediss://rljob@host`) still authenticates as that user and a bracketed IPv6 host
+    (`redis://[fd00::1]:6379`) stays parsable; scheme, database path and query are kept too.
+    """
+    parts = urlsplit(url)
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0] if at else ""  # still percent-encoded, as redis-py expects
+    netloc = f"{user}:{quote(password, safe='')}@{hostport}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def resolve_bundled(job: RLJob) -> RLJob:

@@ -4,6 +4,8 @@ Normalisation follows the SQuAD / HotpotQA evaluation scripts (lower-case, drop 
 the articles a/an/the, collapse white space) with two additions for text a model writes: unicode is
 NFKC-normalised first (full-width letters, ligatures), and every unicode punctuation character is
 dropped, not only ASCII's. F1 keeps HotpotQA's rule that yes/no answers score only when identical.
+A gold answer that normalises to nothing (e.g. "!!!") is compared after case and white space
+normalisation only, so that an empty-after-normalisation answer ("the", "?") does not match it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import re
 import string
 import unicodedata
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from rljob.config import AgentSpec
 
@@ -32,12 +34,32 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.split())
 
 
+def _light_normalize(text: str) -> str:
+    """Case and white space only: how a gold that `normalize_answer` empties is still compared."""
+    return " ".join(unicodedata.normalize("NFKC", text).lower().split())
+
+
+def _best_score(prediction: str, golds: Sequence[str], score: Callable[[str, str], float]) -> float:
+    """The best `score(normalised prediction, normalised gold)` over the golds.
+
+    A gold such as "!!!" normalises to "", as do "the" and "?": comparing normalised text would give
+    any such answer full marks, so an empty-after-normalisation gold matches only an answer that is
+    equal to it after light normalisation.
+    """
+    pred = normalize_answer(prediction)
+    best = 0.0
+    for gold in golds:
+        norm = normalize_answer(gold)
+        value = score(pred, norm) if norm else float(_light_normalize(prediction) == _light_normalize(gold))
+        best = max(best, value)
+    return best
+
+
 def exact_match(prediction: str | None, golds: Sequence[str]) -> float:
     """1.0 when the normalised prediction equals any normalised gold answer; None scores 0."""
     if prediction is None:
         return 0.0
-    pred = normalize_answer(prediction)
-    return float(any(pred == normalize_answer(g) for g in golds))
+    return _best_score(prediction, golds, lambda pred, gold: float(pred == gold))
 
 
 def _f1(pred: str, gold: str) -> float:
@@ -55,10 +77,9 @@ def _f1(pred: str, gold: str) -> float:
 
 def f1_score(prediction: str | None, golds: Sequence[str]) -> float:
     """Best token-overlap F1 over the gold answers; None scores 0."""
-    if prediction is None or not golds:
+    if prediction is None:
         return 0.0
-    pred = normalize_answer(prediction)
-    return max(_f1(pred, normalize_answer(g)) for g in golds)
+    return _best_score(prediction, golds, _f1)
 
 
 def trajectory_reward(

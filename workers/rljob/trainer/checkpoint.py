@@ -2,6 +2,9 @@
 
 A checkpoint is written to a hidden temporary directory and renamed into place, so a crash mid-write
 leaves the previous checkpoint as the latest; readers only ever see complete `step-NNNNNNNN` folders.
+
+The KL reference policy is not in the checkpoints: it never changes during a run, so it is written
+once, beside them (`reference.pt`), when the warm-up has made it differ from the base model.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 PREFIX = "step-"
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
+REFERENCE_FILE = "reference.pt"
 
 
 @dataclass
@@ -122,3 +126,34 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         rng=payload["rng"],
         extra=meta.get("extra", {}),
     )
+
+
+def save_reference(directory: str | Path, state_dict: dict[str, torch.Tensor]) -> Path:
+    """Write the KL reference weights atomically (temporary file, fsync, rename) beside the checkpoints.
+
+    Written once per run, before the first checkpoint, so any checkpoint of a run that warmed up
+    has its reference on disk; one model's weights, not one per checkpoint.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / REFERENCE_FILE
+    tmp = directory / f".tmp-{REFERENCE_FILE}-{os.getpid()}"
+    torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, tmp)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, final)
+    _fsync_dir(directory)
+    return final
+
+
+def load_reference(directory: str | Path, map_location: str | torch.device = "cpu") -> dict[str, torch.Tensor] | None:
+    """The reference weights `save_reference` wrote, or None when this run has none."""
+    path = Path(directory) / REFERENCE_FILE
+    if not path.exists():
+        return None
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def remove_reference(directory: str | Path) -> None:
+    """Forget a previous run's reference: a fresh start must not resume against it later."""
+    (Path(directory) / REFERENCE_FILE).unlink(missing_ok=True)

@@ -8,6 +8,7 @@ first publish (of the checkpointed weights) is simply the next version.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -21,7 +22,17 @@ import torch
 from rljob.config import RLJob
 from rljob.keys import JobKeys
 from rljob.protocol import PromptRequest, TrainerMetrics
-from rljob.trainer.checkpoint import latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
+from rljob.trainer.checkpoint import (
+    REFERENCE_FILE,
+    Checkpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    load_reference,
+    remove_reference,
+    restore_rng,
+    save_checkpoint,
+    save_reference,
+)
 from rljob.trainer.distributed import Gang, broadcast_object, broadcast_parameters, close_gang, init_gang
 from rljob.trainer.grpo import GRPOTrainer, frozen_copy
 from rljob.trainer.metrics import MetricsWriter, rollout_metrics
@@ -29,17 +40,28 @@ from rljob.trainer.metrics import MetricsWriter, rollout_metrics
 log = logging.getLogger(__name__)
 
 
+@functools.lru_cache(maxsize=4)
+def epoch_order(epoch: int, total: int, seed: int) -> tuple[int, ...]:
+    """Epoch `epoch`'s shuffle of the `total` training questions.
+
+    Cached: shuffling costs O(total) (~90k HotpotQA questions), and every step reads a slice of
+    the same one or two epochs, twice; a few entries cover a step straddling epochs plus look-ahead.
+    """
+    order = list(range(total))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return tuple(order)
+
+
 def question_indices(step: int, per_step: int, total: int, seed: int) -> list[int]:
     """Which training questions step `step` uses: consecutive slices of a per-epoch shuffle.
 
-    A pure function of the step, so a resumed run asks exactly what an uninterrupted one would.
+    A pure function of the step, so a resumed run asks exactly what an uninterrupted one would;
+    O(per_step) once the epoch's order is cached.
     """
     out = []
     for slot in range(step * per_step, (step + 1) * per_step):
         epoch, pos = divmod(slot, total)
-        order = list(range(total))
-        random.Random(seed * 1_000_003 + epoch).shuffle(order)
-        out.append(order[pos])
+        out.append(epoch_order(epoch, total, seed)[pos])
     return out
 
 
@@ -158,29 +180,8 @@ def _train(
     torch.manual_seed(grpo.seed)
     random.seed(grpo.seed)
 
-    model = load_policy_model(job)
-    ref = frozen_copy(model) if grpo.kl_coef > 0 else None
-    from rljob.trainer.model import pad_token_id_of
-
-    # Behaviour log-probs are of softmax(logits / T) (rljob.engines.base): score with the same T.
-    temperature = spec.agent.temperature if spec.agent.temperature > 0 else 1.0
-    trainer = GRPOTrainer(
-        model, ref, grpo, device, pad_token_id=pad_token_id_of(model), gang=gang, temperature=temperature
-    )
-    broadcast_parameters(gang, trainer.model)  # after the move to the device: nccl broadcasts CUDA tensors
-
-    start_step, ckpt = 0, None
-    if gang.is_main:
-        path = latest_checkpoint(checkpoint_dir)
-        ckpt = load_checkpoint(path) if path is not None else None
-    ckpt = broadcast_object(gang, ckpt)
-    if ckpt is not None:
-        trainer.load_state_dict(ckpt.trainer)
-        restore_rng(ckpt.rng)
-        start_step = ckpt.step
-        log.info("resumed from %s at step %d", ckpt.path, start_step)
-    elif spec.warmup.enabled:
-        warm_up(job, gang, trainer, device, writer, progress)
+    trainer, ckpt = prepare_trainer(job, gang, device, writer, checkpoint_dir, progress)
+    start_step = ckpt.step if ckpt is not None else 0
 
     questions = eval_questions = None
     run_tag = ""
@@ -273,6 +274,66 @@ def _train(
             save_checkpoint(checkpoint_dir, step=step + 1, policy_version=version, trainer_state=trainer.state_dict())
     if bar is not None:
         bar.close()
+
+
+def prepare_trainer(
+    job: RLJob, gang: Gang, device: torch.device, writer: MetricsWriter | None, checkpoint_dir: str, progress: bool
+) -> tuple[GRPOTrainer, Checkpoint | None]:
+    """The trainer this gang process starts from, and the checkpoint it resumed (None on a fresh job).
+
+    Resuming restores the policy, optimiser, RNG states and the KL reference, so a restart changes
+    nothing the run optimises against; a fresh job starts from the base model, warmed up if asked.
+    """
+    from rljob.trainer.model import pad_token_id_of
+
+    spec = job.spec
+    model = load_policy_model(job)
+    ref = frozen_copy(model) if spec.grpo.kl_coef > 0 else None
+    # Behaviour log-probs are of softmax(logits / T) (rljob.engines.base): score with the same T.
+    trainer = GRPOTrainer(
+        model, ref, spec.grpo, device, pad_token_id=pad_token_id_of(model), gang=gang,
+        temperature=spec.agent.temperature,
+    )  # fmt: skip
+    broadcast_parameters(gang, trainer.model)  # after the move to the device: nccl broadcasts CUDA tensors
+
+    ckpt = None
+    if gang.is_main:
+        path = latest_checkpoint(checkpoint_dir)
+        ckpt = load_checkpoint(path) if path is not None else None
+    ckpt = broadcast_object(gang, ckpt)
+    if ckpt is not None:
+        trainer.load_state_dict(ckpt.trainer)
+        restore_rng(ckpt.rng)
+        _restore_reference(job, gang, trainer, checkpoint_dir)
+        log.info("resumed from %s at step %d", ckpt.path, ckpt.step)
+        return trainer, ckpt
+    if gang.is_main:
+        remove_reference(checkpoint_dir)  # an earlier run's, which this one must never resume against
+    if spec.warmup.enabled:
+        warm_up(job, gang, trainer, device, writer, progress)
+        if gang.is_main and trainer.ref_model is not None:
+            # Before the first checkpoint, so every checkpoint of this run has its reference on disk.
+            save_reference(checkpoint_dir, trainer.ref_model.state_dict())
+    return trainer, None
+
+
+def _restore_reference(job: RLJob, gang: Gang, trainer: GRPOTrainer, checkpoint_dir: str) -> None:
+    """Load the KL reference saved after the warm-up; without one it stays the base model, as it was."""
+    if trainer.ref_model is None:
+        return
+    found = False
+    if gang.is_main:
+        state = load_reference(checkpoint_dir)
+        if state is not None:
+            trainer.ref_model.load_state_dict(state)
+            found = True
+        elif job.spec.warmup.enabled:
+            log.warning(
+                "no %s beside the checkpoints in %s: the KL reference is now the base model, not the "
+                "warmed-up policy the run started with", REFERENCE_FILE, checkpoint_dir,
+            )  # fmt: skip
+    if broadcast_object(gang, found):
+        broadcast_parameters(gang, trainer.ref_model)
 
 
 def warm_up(
