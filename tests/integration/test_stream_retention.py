@@ -180,7 +180,9 @@ def test_a_dead_worker_and_a_dead_trainer_lose_nothing(redis_client) -> None:
     assert redis_client.xlen(KEYS.trajectories) == 0
 
 
-def test_an_unparsable_group_is_requeued_and_then_answered(redis_client) -> None:
+def _answered_unparsably(redis_client) -> tuple[TrajectoryCollector, PromptRequest]:
+    """A trainer expecting one request that a worker answered with a group it cannot parse, after
+    its first collect (which re-enqueues the prompt and times out)."""
     rollout.ensure_groups(redis_client, KEYS)
     collector = TrajectoryCollector(redis_client, KEYS, block_ms=50)
     req = _request("s0-q0")
@@ -190,6 +192,11 @@ def test_an_unparsable_group_is_requeued_and_then_answered(redis_client) -> None
     _bad_publish(redis_client, held)
     with pytest.raises(TimeoutError):
         collector.collect(0, [req.request_id], timeout_s=0.5)
+    return collector, req
+
+
+def test_an_unparsable_group_is_requeued_and_then_answered(redis_client) -> None:
+    collector, req = _answered_unparsably(redis_client)
     # The trainer put the prompt back and forgot that it was answered: a worker serves it as new.
     assert not redis_client.sismember(KEYS.rollout_done, req.request_id)
     (again,) = rollout.read_new(redis_client, KEYS, "w", count=1, block_ms=0)
@@ -202,15 +209,7 @@ def test_an_unparsable_group_is_requeued_and_then_answered(redis_client) -> None
 
 
 def test_a_worker_of_another_version_fails_the_trainer_promptly(redis_client) -> None:
-    rollout.ensure_groups(redis_client, KEYS)
-    collector = TrajectoryCollector(redis_client, KEYS, block_ms=50)
-    req = _request("s0-q0")
-    collector.expect([req])
-    enqueue_prompts(redis_client, KEYS.prompts, [req])
-    (held,) = rollout.read_new(redis_client, KEYS, "w", count=1, block_ms=0)
-    _bad_publish(redis_client, held)
-    with pytest.raises(TimeoutError):
-        collector.collect(0, [req.request_id], timeout_s=0.5)  # the one retry
+    collector, req = _answered_unparsably(redis_client)  # the one retry
     (held,) = rollout.read_new(redis_client, KEYS, "w", count=1, block_ms=0)
     _bad_publish(redis_client, held)
     with pytest.raises(IncompatibleGroupError, match="different version") as caught:

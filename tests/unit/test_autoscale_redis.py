@@ -24,14 +24,19 @@ def test_backlog_counts_undelivered_and_unacked(redis_client) -> None:
     assert read_backlog(redis_client, keys) == 7
 
 
+def _with_groups(client, keys: JobKeys) -> JobKeys:
+    """Both prompt streams with the rollout group, as the trainer creates them."""
+    for stream in (keys.prompts, keys.eval_prompts):
+        client.xgroup_create(stream, ROLLOUT_GROUP, id="0", mkstream=True)
+    return keys
+
+
 @pytest.mark.integration
 def test_backlog_counts_evaluation_prompts_as_the_workers_do(redis_client) -> None:
     # An evaluation the trainer waits on is work for the rollout workers too: with only
     # evaluation prompts queued, the autoscaler must not see an empty backlog (and scale to
     # minReplicas, possibly zero, while the trainer waits).
-    keys = JobKeys("ns", "evaljob")
-    for stream in (keys.prompts, keys.eval_prompts):
-        redis_client.xgroup_create(stream, ROLLOUT_GROUP, id="0", mkstream=True)
+    keys = _with_groups(redis_client, JobKeys("ns", "evaljob"))
     for i in range(6):
         redis_client.xadd(keys.eval_prompts, {"data": str(i)})
     assert read_backlog(redis_client, keys) == 6 == pending_prompts(redis_client, keys)
@@ -46,9 +51,7 @@ def test_backlog_when_redis_cannot_compute_the_lag(redis_client) -> None:
     # Workers delete each prompt as they acknowledge it. A prompt answered (and deleted) after an
     # older one that is still pending leaves Redis unable to compute the group's lag: the backlog
     # is then the stream's length (undelivered + pending), not length + pending.
-    keys = JobKeys("ns", "lagless")
-    for stream in (keys.prompts, keys.eval_prompts):
-        redis_client.xgroup_create(stream, ROLLOUT_GROUP, id="0", mkstream=True)
+    keys = _with_groups(redis_client, JobKeys("ns", "lagless"))
     for i in range(5):
         redis_client.xadd(keys.prompts, {"data": str(i)})
     taken = redis_client.xreadgroup(ROLLOUT_GROUP, "w1", {keys.prompts: ">"}, count=2)
