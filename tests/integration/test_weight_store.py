@@ -172,10 +172,10 @@ def test_redis_killed_mid_publish_leaves_readers_on_a_complete_version(redis_ser
     if where == "between-chunks":
         write_chunks = store.write_chunks
 
-        def crash(client, keys, version, payload, chunk_bytes):
-            write_chunks(client, keys, version, payload[: len(payload) // 2], chunk_bytes)
+        def crash(client, keys, version, payload, chunk_bytes, attempt=""):
+            write_chunks(client, keys, version, payload[: len(payload) // 2], chunk_bytes, attempt)
             redis_server.kill()
-            return write_chunks(client, keys, version, payload, chunk_bytes)
+            return write_chunks(client, keys, version, payload, chunk_bytes, attempt)
 
         monkeypatch.setattr(store, "write_chunks", crash)
     else:
@@ -560,3 +560,104 @@ def test_per_tensor_coding_writes_each_tensors_smallest_stream_and_readers_match
         before = after
     with pytest.raises(ValueError, match="coding"):
         WeightPublisher(redis_client, keys, rebase_interval=2, rebase_fraction=1.0, chunk_bytes=64, coding="model")
+
+
+def test_a_second_publisher_of_the_same_version_cannot_damage_the_first(redis_client):
+    # An old trainer pod still publishing during a gang restart: both at version 0, both publish
+    # version 1. The loser's chunks have their own keys, so the winner's stay intact.
+    first, second = Trainer(seed=0), Trainer(seed=1)
+    a = publisher_for(redis_client)
+    a.publish(first.model)
+    b = publisher_for(redis_client)
+    b.resume()
+    first.step()
+    second.step()
+    a.publish(first.model)
+    with pytest.raises(VersionConflictError, match="STALE"):
+        b.publish(second.model, version=1)
+    shadow = {}
+    result = WeightReader(redis_client, KEYS).sync(shadow)
+    assert result.version == 1 and not result.recovered_from
+    assert_holds(shadow, first.bits())
+    # The loser removed its own chunks; nothing but the winner's is left under version 1.
+    named = {ref.key for ref in store.read_manifests(redis_client, KEYS, [1])[0][0].chunks}
+    assert {k.decode() for k in version_keys(redis_client, 1) if b":chunk:" in k} == named
+
+
+def test_orphan_removal_never_takes_a_version_committed_meanwhile(redis_client):
+    # drop_orphans lists keys of uncommitted versions, then deletes them; a version another
+    # publisher commits in between must keep its manifest and chunks (it wedged every reader).
+    trainer = Trainer()
+    a = publisher_for(redis_client)
+    a.publish(trainer.model)
+    trainer.step()
+    a.publish(trainer.model)  # v1
+    stale = [(key, 1) for key in version_keys(redis_client, 1)]  # as a racing drop_orphans saw them
+    assert store.delete_orphans(redis_client, KEYS, stale) == 0
+    assert store.delete_orphans(redis_client, KEYS, [(KEYS.weights_chunk(7, 0, "x"), 7)]) == 0  # none there
+    redis_client.set(KEYS.weights_chunk(7, 0, "x"), b"orphan")
+    assert store.delete_orphans(redis_client, KEYS, [(KEYS.weights_chunk(7, 0, "x"), 7)]) == 1
+    redis_client.set(KEYS.weights_chunk(1, 0, "loser"), b"a loser's chunk of a committed number")
+    assert store.drop_orphans(redis_client, KEYS) == 1
+    shadow = {}
+    assert WeightReader(redis_client, KEYS).sync(shadow).version == 1
+    assert_holds(shadow, trainer.bits())
+
+
+def test_a_delta_on_a_version_the_store_lost_is_refused_and_the_publisher_recovers(redis_client):
+    # Redis lost the last commit (AOF fsyncs every second): a publisher still holding it in memory
+    # must not commit a delta on it, which no fresh reader could ever build.
+    trainer = Trainer()
+    publisher = publisher_for(redis_client)
+    publisher.publish(trainer.model)
+    trainer.step()
+    publisher.publish(trainer.model)  # v1, then lost:
+    store.drop_versions(redis_client, KEYS, [1])
+    redis_client.set(KEYS.weights_latest, 0)
+    trainer.step()
+    with pytest.raises(VersionConflictError, match="BASE"):
+        publisher.publish(trainer.model, version=2)
+    assert store.committed_versions(redis_client, KEYS) == [0]
+    publisher.publish(trainer.model)  # re-reads the store: a delta on version 0
+    shadow = {}
+    result = WeightReader(redis_client, KEYS).sync(shadow)
+    assert result.version == 1 and not result.recovered_from
+    assert_holds(shadow, trainer.bits())
+
+
+def test_a_version_whose_chunks_vanished_before_commit_is_not_committed(redis_client, monkeypatch):
+    # A concurrent drop_orphans (or anything else) removed a chunk between write and commit.
+    trainer = Trainer()
+    publisher = publisher_for(redis_client)
+    publisher.publish(trainer.model)
+    commit = store.commit
+
+    def lose_a_chunk(client, keys, manifest):
+        client.delete(manifest.chunks[0].key)
+        return commit(client, keys, manifest)
+
+    monkeypatch.setattr(store, "commit", lose_a_chunk)
+    trainer.step()
+    with pytest.raises(store.MissingChunkError, match="CHUNKS 1 of the"):
+        publisher.publish(trainer.model)
+    monkeypatch.undo()
+    assert store.committed_versions(redis_client, KEYS) == [0]
+    publisher.publish(trainer.model)
+    shadow = {}
+    assert WeightReader(redis_client, KEYS).sync(shadow).version == 1
+    assert_holds(shadow, trainer.bits())
+
+
+@pytest.mark.parametrize("model", ["empty", "zero-element tensor"])
+def test_degenerate_models_publish_and_sync(redis_client, model):
+    # A second publish of an empty model, or of one with a zero-element tensor, raised.
+    weights = {} if model == "empty" else {"w": torch.ones(4, 3), "none": torch.zeros(0, 5)}
+    publisher = publisher_for(redis_client)
+    reader, shadow = WeightReader(redis_client, KEYS), {}
+    for step in range(3):
+        if "w" in weights:
+            weights["w"] += 1.0
+        result = publisher.publish(weights)
+        assert result.version == step
+        assert reader.sync(shadow).version == step
+        assert_holds(shadow, {name: bf16_bits(t).copy() for name, t in weights.items()})

@@ -479,3 +479,22 @@ def test_pruning_wide_step_codings_keeps_the_smallest(case, monkeypatch):
     bits = old.copy()
     apply_delta_bits(bits, EncodedDelta.from_meta(pruned.meta(), pruned.payload()))
     assert np.array_equal(bits, new)
+
+
+@pytest.mark.parametrize(
+    ("numel", "positions"), [(3_000_000_000, [1_700_000_000]), (7_000_000_000, [5, 3_000_000_000, 6_999_999_999])]
+)
+def test_a_few_changes_in_billions_of_values_are_coded(numel, positions):
+    # Gaps of 2^30 and more: the Rice width is capped at the widest fast one instead of finding no
+    # candidate (publishing such a version raised "min() arg is an empty sequence"). The changes
+    # alone are coded; no model of that size is allocated.
+    from rljob.weights.changes import Changes
+    from rljob.weights.encoding import decode_positions
+
+    where = np.array(positions, dtype=np.int64)
+    changes = Changes(where, np.ones(where.size, dtype=np.uint16), np.full(where.size, 2, dtype=np.uint16))
+    for forced in (None, "rice", "ef"):
+        enc = encode_changes(changes, numel, positions=forced)
+        assert np.array_equal(decode_positions(EncodedDelta.from_meta(enc.meta(), enc.payload())), where)
+    gaps = position_gaps(where)
+    assert best_rice_k(gaps) <= 28 and intcodes.estimate_rice_bits(where.size, int(gaps.sum())) > 0

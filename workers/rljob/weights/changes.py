@@ -59,7 +59,7 @@ def find_changes(old_bits: np.ndarray, new_bits: np.ndarray | BlockSource, *, ad
         def block_of(start: int, stop: int) -> np.ndarray:
             return new[start:stop]
 
-    if advance and not np.shares_memory(old, old_bits):
+    if advance and old.size and not np.shares_memory(old, old_bits):  # an empty array shares nothing
         raise ValueError("advance needs a contiguous uint16 baseline to update in place")
     scratch = np.empty(min(_COMPARE_BLOCK, old.size), dtype=np.bool_)
     found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -121,5 +121,7 @@ def merge_changes(parts: Sequence[Changes], sizes: Sequence[int]) -> tuple[Chang
     for c, offset in zip(parts, offsets, strict=False):  # shifted straight into place: no copy per part
         np.add(c.positions, offset, out=positions[at : at + c.count])
         at += c.count
-    merged = Changes(positions, np.concatenate([c.old for c in parts]), np.concatenate([c.new for c in parts]))
+    values = [np.concatenate([getattr(c, side) for c in parts]) if parts else np.zeros(0, dtype=np.uint16)
+              for side in ("old", "new")]  # fmt: skip
+    merged = Changes(positions, *values)
     return merged, int(offsets[-1])

@@ -57,7 +57,9 @@ def _sample_stride(size: int) -> int:
 
 def _best_k_of_sample(values: np.ndarray) -> int:
     total = int(values.sum())
-    guess = max(0, int(np.log2(total / values.size * 0.69 + 1.0)))
+    # Capped at the widest fast width: gaps of 2^29 and more (a few changes in billions of values)
+    # take it, with a short unary part, instead of finding no candidate at all.
+    guess = min(max(0, int(np.log2(total / values.size * 0.69 + 1.0))), FAST_WIDTHS[-1])
     candidates = [k for k in FAST_WIDTHS if guess - 1 <= k <= guess + 2]
 
     def cost(k: int) -> int:
@@ -76,7 +78,7 @@ def estimate_rice_bits(count: int, gap_sum: int) -> int:
         return count * (k + 1) + max(0, (gap_sum >> k) - ((count * ((1 << k) - 1)) >> (k + 1)))
 
     # The optimum is near log2 of the mean gap; a few widths either side cover the rounding.
-    guess = max(0, (gap_sum // count).bit_length() - 1)
+    guess = min(max(0, (gap_sum // count).bit_length() - 1), FAST_WIDTHS[-1])  # capped as in `_best_k_of_sample`
     return min(cost(k) for k in FAST_WIDTHS if guess - 3 <= k <= guess + 3)
 
 

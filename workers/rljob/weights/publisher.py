@@ -27,6 +27,7 @@ import logging
 import math
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -261,8 +262,14 @@ class WeightPublisher:
         encode_seconds = time.perf_counter() - started
 
         started = time.perf_counter()
-        manifest.chunks = store.write_chunks(self.client, self.keys, version, payload, self.chunk_bytes)
-        manifest_bytes = store.commit(self.client, self.keys, manifest)
+        attempt = uuid.uuid4().hex[:12]  # this publish's own chunk keys (see store.py)
+        manifest.chunks = store.write_chunks(self.client, self.keys, version, payload, self.chunk_bytes, attempt)
+        try:
+            manifest_bytes = store.commit(self.client, self.keys, manifest)
+        except (store.VersionConflictError, store.MissingChunkError):
+            if manifest.chunks:  # refused: no manifest will ever name these chunks
+                self.client.delete(*[ref.key for ref in manifest.chunks])
+            raise
         self._set_baseline(bits)
         self._shapes, self._last = shapes, manifest
         if manifest.kind == "full":

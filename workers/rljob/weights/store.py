@@ -1,7 +1,8 @@
 """Redis I/O of the weight store: chunks, manifests, the `latest` pointer, retention.
 
 Layout (all under the job's `JobKeys` prefix):
-  weights:v{N}:chunk:{i}   payload bytes of version N, split below `chunk_bytes`
+  weights:v{N}:{A}:chunk:{i}  payload bytes of version N written by publish attempt A (a random
+                           id), split below `chunk_bytes`; the manifest names them
   weights:v{N}:manifest    JSON `Manifest`, written last
   weights:versions         sorted set of committed versions (score = version)
   weights:latest           the newest committed version
@@ -9,8 +10,12 @@ Layout (all under the job's `JobKeys` prefix):
 
 Writing a version: chunks first (any order, any number of round trips), then one Lua script sets
 the manifest, adds the version, moves `latest` and publishes, atomically, and only if the version
-is newer than `latest`. A crash before the script leaves orphan chunks that no manifest names,
-invisible to readers and removed by the next publisher's `drop_orphans`.
+is newer than `latest`, a delta's base is `latest`, and every chunk the manifest names is there.
+So a second publisher (an old trainer pod still alive during a gang restart) can neither
+overwrite a committed version's chunks (its own have their own keys) nor commit a delta on a
+version the store no longer holds. A crash before the script leaves orphan chunks that no manifest
+names, invisible to readers and removed by the next publisher's `drop_orphans`, which re-checks
+each key's version atomically, so it never removes a version committed in the meantime.
 """
 
 from __future__ import annotations
@@ -29,10 +34,23 @@ from rljob.weights.manifest import MANIFEST_FORMAT, ChunkRef, Manifest
 # Chunks per round trip: bounded so one request stays well below Redis' client buffer limits.
 _BATCH_BYTES = 64 * 1024 * 1024
 
+# KEYS: latest, manifest, versions, events, then the version's chunk keys.
+# ARGV: version, manifest JSON, base version of a delta ('' for a full).
 _COMMIT = """
 local current = redis.call('GET', KEYS[1])
 if current and tonumber(current) >= tonumber(ARGV[1]) then
   return redis.error_reply('STALE version ' .. ARGV[1] .. ' is not newer than latest ' .. current)
+end
+if ARGV[3] ~= '' and (not current or tonumber(current) ~= tonumber(ARGV[3])) then
+  return redis.error_reply('BASE delta ' .. ARGV[1] .. ' builds on ' .. ARGV[3] .. ', but latest is ' ..
+    (current or 'none'))
+end
+if #KEYS > 4 then
+  local present = redis.call('EXISTS', unpack(KEYS, 5))
+  if present ~= #KEYS - 4 then
+    return redis.error_reply('CHUNKS ' .. (#KEYS - 4 - present) .. ' of the ' .. (#KEYS - 4) ..
+      ' chunks of version ' .. ARGV[1] .. ' are missing')
+  end
 end
 redis.call('SET', KEYS[2], ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[1], ARGV[1])
@@ -117,8 +135,11 @@ def _parse_manifest(raw: bytes, version: int) -> Manifest:
         raise ManifestFormatError(f"manifest of weight version {version} is invalid: {exc}") from exc
 
 
-def write_chunks(client: redis.Redis, keys: JobKeys, version: int, payload: bytes, chunk_bytes: int) -> list[ChunkRef]:
-    """Split `payload` into chunks of at most `chunk_bytes` and SET them; returns their refs."""
+def write_chunks(
+    client: redis.Redis, keys: JobKeys, version: int, payload: bytes, chunk_bytes: int, attempt: str = ""
+) -> list[ChunkRef]:
+    """Split `payload` into chunks of at most `chunk_bytes` and SET them under this publish
+    attempt's keys; returns their refs."""
     if chunk_bytes <= 0:
         raise ValueError("chunk_bytes must be positive")
     view = memoryview(payload)
@@ -127,7 +148,7 @@ def write_chunks(client: redis.Redis, keys: JobKeys, version: int, payload: byte
     pending = 0
     for index, start in enumerate(range(0, len(payload), chunk_bytes)):
         part = view[start : start + chunk_bytes]
-        key = keys.weights_chunk(version, index)
+        key = keys.weights_chunk(version, index, attempt)
         pipe.set(key, part.tobytes())
         refs.append(ChunkRef(key=key, length=len(part), crc=chunk_crc(part)))
         pending += len(part)
@@ -171,22 +192,32 @@ def read_payload(client: redis.Redis, manifest: Manifest) -> bytes:
 
 
 def commit(client: redis.Redis, keys: JobKeys, manifest: Manifest) -> int:
-    """Atomically publish a manifest whose chunks are written; returns its size in bytes."""
+    """Atomically publish a manifest whose chunks are written; returns its size in bytes.
+
+    Refused (nothing changes) when the version is not newer than `latest` or a delta's base is not
+    `latest` (VersionConflictError), or when a chunk it names is gone (MissingChunkError)."""
     raw = manifest.to_json()
+    base = "" if manifest.kind == "full" or manifest.base_version is None else str(manifest.base_version)
+    chunk_keys = [ref.key for ref in manifest.chunks]
     try:
         client.eval(
             _COMMIT,
-            4,
+            4 + len(chunk_keys),
             keys.weights_latest,
             keys.weights_manifest(manifest.version),
             keys.weights_versions,
             keys.weights_events,
+            *chunk_keys,
             manifest.version,
             raw,
+            base,
         )
     except redis.ResponseError as exc:
-        if "STALE" in str(exc):
-            raise VersionConflictError(str(exc)) from exc
+        message = str(exc)
+        if message.startswith(("STALE", "BASE")):
+            raise VersionConflictError(message) from exc
+        if message.startswith("CHUNKS"):
+            raise MissingChunkError(message) from exc
         raise
     return len(raw)
 
@@ -225,17 +256,61 @@ def apply_retention(client: redis.Redis, keys: JobKeys) -> int:
 
 _VERSION_KEY = re.compile(rb":weights:v(\d+):")
 
+# KEYS: the versions set, then for each candidate its key and its version's manifest key;
+# ARGV: each candidate's version. A candidate goes if its version is not committed at that moment,
+# or (a chunk of a publisher that lost the race for a committed number) that version's manifest
+# does not name it.
+_DROP_ORPHANS = """
+local dropped = 0
+for i = 1, #ARGV do
+  local key, manifest_key = KEYS[2 * i], KEYS[2 * i + 1]
+  local doomed = not redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if not doomed then
+    local manifest = redis.call('GET', manifest_key)
+    doomed = manifest and string.find(key, ':chunk:', 1, true) and not string.find(manifest, key, 1, true)
+  end
+  if doomed then
+    dropped = dropped + redis.call('DEL', key)
+  end
+end
+return dropped
+"""
+
 
 def drop_orphans(client: redis.Redis, keys: JobKeys) -> int:
-    """Delete chunk and manifest keys of versions that were never committed (a crashed publish)."""
+    """Delete the keys no committed manifest stands for: chunks and manifests of versions never
+    committed (a crashed publish) and chunks of a committed number that its manifest does not name
+    (a publisher that lost the race for it and died before cleaning up). Each key is re-checked
+    inside one script, so a version another publisher commits meanwhile keeps its keys."""
     committed = set(committed_versions(client, keys))
+    named: set[str] = set()
+    for manifest, _ in read_manifests_present(client, keys, sorted(committed)):
+        named.update(ref.key for ref in manifest.chunks)
     pattern = re.sub(r"([\[\]*?\\])", r"\\\1", keys.prefix) + "weights:v*"
-    doomed = []
+    candidates: list[tuple[str, int]] = []
     for key in client.scan_iter(match=pattern, count=1000):
-        raw = key if isinstance(key, bytes) else key.encode()
-        found = _VERSION_KEY.search(raw)
-        if found and int(found.group(1)) not in committed:
-            doomed.append(key)
-    for start in range(0, len(doomed), 1000):
-        client.delete(*doomed[start : start + 1000])
-    return len(doomed)
+        text = key.decode() if isinstance(key, bytes) else key
+        found = _VERSION_KEY.search(text.encode())
+        if not found:
+            continue
+        version = int(found.group(1))
+        if version not in committed or (":chunk:" in text and text not in named):
+            candidates.append((text, version))
+    return delete_orphans(client, keys, candidates)
+
+
+def read_manifests_present(client: redis.Redis, keys: JobKeys, versions: list[int]) -> list[tuple[Manifest, int]]:
+    """`read_manifests` of those of `versions` whose manifest is there (no error for the others)."""
+    raws = client.mget([keys.weights_manifest(v) for v in versions]) if versions else []
+    return [(_parse_manifest(raw, v), len(raw)) for v, raw in zip(versions, raws, strict=True) if raw is not None]
+
+
+def delete_orphans(client: redis.Redis, keys: JobKeys, candidates: list[tuple[str, int]]) -> int:
+    """Delete the (key, version) candidates that are still orphans (see `_DROP_ORPHANS`)."""
+    dropped = 0
+    for start in range(0, len(candidates), 500):
+        batch = candidates[start : start + 500]
+        names = [name for key, version in batch for name in (key, keys.weights_manifest(version))]
+        dropped += int(client.eval(_DROP_ORPHANS, 1 + len(names), keys.weights_versions, *names,
+                                   *[version for _, version in batch]))  # fmt: skip
+    return dropped
