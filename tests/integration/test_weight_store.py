@@ -459,7 +459,7 @@ def test_a_version_is_one_stream_over_all_tensors(redis_client):
     result = publisher.publish(trainer.model)
     manifest = store.read_manifests(redis_client, KEYS, [result.version])[0][0]
     after = trainer.bits()
-    assert manifest.format == 3 and manifest.kind == "delta"
+    assert manifest.format == 4 and manifest.kind == "delta"
     assert manifest.stream is not None and manifest.stream["count"] == manifest.changed == result.changed > 0
     assert manifest.stream["numel"] == manifest.numel == sum(b.size for b in after.values())
     assert re.fullmatch(r"[0-9a-f]{16}", manifest.change_sum or "")
@@ -513,7 +513,7 @@ def test_a_manifest_from_a_newer_publisher_gives_a_clear_error(redis_client):
     raw = json.loads(redis_client.get(KEYS.weights_manifest(0)))
     raw |= {"format": 99, "a_field_from_the_future": 1}
     redis_client.set(KEYS.weights_manifest(0), json.dumps(raw))
-    with pytest.raises(store.ManifestFormatError, match="format 99; this reader knows up to 3"):
+    with pytest.raises(store.ManifestFormatError, match="format 99; this reader knows up to 4"):
         WeightReader(redis_client, KEYS).sync({})
     redis_client.set(KEYS.weights_manifest(0), b"{not json")
     with pytest.raises(store.ManifestFormatError, match="manifest of weight version 0 is invalid"):
@@ -661,3 +661,23 @@ def test_degenerate_models_publish_and_sync(redis_client, model):
         assert result.version == step
         assert reader.sync(shadow).version == step
         assert_holds(shadow, {name: bf16_bits(t).copy() for name, t in weights.items()})
+
+
+def test_a_reader_holding_a_version_redis_lost_does_not_take_its_namesake_for_it(redis_client):
+    # Redis lost its last commit (v1; AOF fsyncs every second) after a reader applied it, and the
+    # restarted trainer published a different v1. The number alone said "up to date".
+    trainer = Trainer()
+    publisher = publisher_for(redis_client)
+    publisher.publish(trainer.model)
+    trainer.step()
+    publisher.publish(trainer.model)
+    reader, shadow = WeightReader(redis_client, KEYS), {}
+    assert reader.sync(shadow).version == 1
+    v0_id = store.read_manifests(redis_client, KEYS, [0])[0][0].publish_id
+    store.drop_versions(redis_client, KEYS, [1])  # what the restarted Redis no longer has
+    redis_client.mset({KEYS.weights_latest: 0, KEYS.weights_latest_id: v0_id})
+    restarted = Trainer(seed=5)  # resumed from an older checkpoint: other weights
+    publisher_for(redis_client).publish(restarted.model)
+    result = reader.sync(shadow)
+    assert result.version == 1 and result.versions_applied
+    assert_holds(shadow, restarted.bits())

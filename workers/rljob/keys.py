@@ -54,6 +54,11 @@ class JobKeys:
         return self.prefix + "weights:latest"
 
     @property
+    def weights_latest_id(self) -> str:
+        """The publish id of `weights_latest`'s version (a number alone can name two versions)."""
+        return self.prefix + "weights:latest_id"
+
+    @property
     def weights_versions(self) -> str:
         """Sorted set of retained versions (score = version)."""
         return self.prefix + "weights:versions"

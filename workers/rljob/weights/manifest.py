@@ -10,13 +10,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# 4: `publish_id`, a random id per publish: after Redis loses its last commit (AOF fsyncs every
+#    second) and a restarted trainer publishes the same number again, a reader that held the lost
+#    version can tell it is not the stored one. Formats 1-3 read as publish id "".
 # 3: a delta is one encoded stream over all tensors laid end to end in manifest order (`stream`,
 #    with one `change_sum`), instead of one stream per tensor: a version costs a few numpy calls
 #    per tensor rather than a hundred. A publisher with coding "tensor" still writes one stream
 #    per tensor (`stream` None, per-entry `encoding` and `change_sum`, as format 2).
 # 2: deltas carry `change_sum` and SHA-256 only over a rotating `check_range` (format 1: whole
 #    tensors, every version). A reader of format 3 reads formats 1 and 2 too.
-MANIFEST_FORMAT = 3
+MANIFEST_FORMAT = 4
 
 
 class ChunkRef(BaseModel):
@@ -64,6 +67,7 @@ class Manifest(BaseModel):
     numel: int = Field(ge=0)
     changed: int = Field(0, ge=0)
     created_at: float
+    publish_id: str = Field("", description="Random per publish: tells apart two versions of the same number.")
     chunks: list[ChunkRef]
     tensors: list[TensorEntry]
     stream: dict[str, Any] | None = Field(

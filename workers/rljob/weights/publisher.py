@@ -262,7 +262,7 @@ class WeightPublisher:
         encode_seconds = time.perf_counter() - started
 
         started = time.perf_counter()
-        attempt = uuid.uuid4().hex[:12]  # this publish's own chunk keys (see store.py)
+        attempt = manifest.publish_id = uuid.uuid4().hex[:12]  # its own chunk keys, and the version's identity
         manifest.chunks = store.write_chunks(self.client, self.keys, version, payload, self.chunk_bytes, attempt)
         try:
             manifest_bytes = store.commit(self.client, self.keys, manifest)

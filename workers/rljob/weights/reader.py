@@ -74,6 +74,7 @@ class WeightReader:
         self.max_attempts = max_attempts
         self._pool = TensorPool(threads, "weight-apply")
         self.version: int | None = None  # version the target holds, None when unknown
+        self.publish_id = ""  # that version's publish id (see manifest.py, format 4)
 
     def latest_version(self) -> int | None:
         return store.latest_version(self.client, self.keys)
@@ -144,9 +145,14 @@ class WeightReader:
     # ------------------------------------------------------------------ planning
 
     def _sync_once(self, target: Target, force_full: bool) -> SyncResult:
-        latest = self.latest_version()
+        latest, latest_id = store.latest_with_id(self.client, self.keys)
         if latest is None:
             raise NoWeightsPublishedError(f"no weights published under {self.keys.prefix}")
+        if self.version == latest and self.publish_id != latest_id:
+            # Redis lost the version we hold (its last commit) and a publisher wrote another under
+            # the same number: what we hold is no base for anything stored.
+            log.warning("weight version %d in the store is not the one this reader holds; taking a full", latest)
+            self.version = None
         if self.version == latest and not force_full:
             return SyncResult(version=latest)
         low = 0 if (self.version is None or force_full) else self.version + 1
@@ -160,7 +166,7 @@ class WeightReader:
         changed: dict[str, None] = {}
         for manifest in chain:
             payload = store.read_payload(self.client, manifest)  # every chunk checked before any write
-            self.version = None  # the target is in between versions until verified
+            self.version, self.publish_id = None, ""  # the target is in between versions until verified
             if manifest.kind == "full":
                 names = self._apply_full(target, manifest, payload)
                 result.took_full = True
@@ -169,7 +175,7 @@ class WeightReader:
             changed.update(dict.fromkeys(names))
             result.bytes_fetched += manifest.payload_bytes
             result.versions_applied.append(manifest.version)
-            self.version = manifest.version
+            self.version, self.publish_id = manifest.version, manifest.publish_id
         result.changed = list(changed)
         return result
 

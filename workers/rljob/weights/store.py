@@ -6,6 +6,7 @@ Layout (all under the job's `JobKeys` prefix):
   weights:v{N}:manifest    JSON `Manifest`, written last
   weights:versions         sorted set of committed versions (score = version)
   weights:latest           the newest committed version
+  weights:latest_id        its manifest's publish id (set with `latest`)
   weights:events           pub/sub channel; each commit publishes the version number
 
 Writing a version: chunks first (any order, any number of round trips), then one Lua script sets
@@ -34,8 +35,8 @@ from rljob.weights.manifest import MANIFEST_FORMAT, ChunkRef, Manifest
 # Chunks per round trip: bounded so one request stays well below Redis' client buffer limits.
 _BATCH_BYTES = 64 * 1024 * 1024
 
-# KEYS: latest, manifest, versions, events, then the version's chunk keys.
-# ARGV: version, manifest JSON, base version of a delta ('' for a full).
+# KEYS: latest, manifest, versions, events, latest_id, then the version's chunk keys.
+# ARGV: version, manifest JSON, base version of a delta ('' for a full), publish id.
 _COMMIT = """
 local current = redis.call('GET', KEYS[1])
 if current and tonumber(current) >= tonumber(ARGV[1]) then
@@ -45,16 +46,17 @@ if ARGV[3] ~= '' and (not current or tonumber(current) ~= tonumber(ARGV[3])) the
   return redis.error_reply('BASE delta ' .. ARGV[1] .. ' builds on ' .. ARGV[3] .. ', but latest is ' ..
     (current or 'none'))
 end
-if #KEYS > 4 then
-  local present = redis.call('EXISTS', unpack(KEYS, 5))
-  if present ~= #KEYS - 4 then
-    return redis.error_reply('CHUNKS ' .. (#KEYS - 4 - present) .. ' of the ' .. (#KEYS - 4) ..
+if #KEYS > 5 then
+  local present = redis.call('EXISTS', unpack(KEYS, 6))
+  if present ~= #KEYS - 5 then
+    return redis.error_reply('CHUNKS ' .. (#KEYS - 5 - present) .. ' of the ' .. (#KEYS - 5) ..
       ' chunks of version ' .. ARGV[1] .. ' are missing')
   end
 end
 redis.call('SET', KEYS[2], ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[1], ARGV[1])
 redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[5], ARGV[4])
 redis.call('PUBLISH', KEYS[4], ARGV[1])
 return 1
 """
@@ -98,6 +100,14 @@ def _int(raw: bytes | str | None) -> int | None:
 
 def latest_version(client: redis.Redis, keys: JobKeys) -> int | None:
     return _int(client.get(keys.weights_latest))
+
+
+def latest_with_id(client: redis.Redis, keys: JobKeys) -> tuple[int | None, str]:
+    """The newest committed version and its publish id ("" from a publisher before format 4), in
+    one round trip."""
+    version, publish_id = client.mget([keys.weights_latest, keys.weights_latest_id])
+    text = publish_id.decode() if isinstance(publish_id, bytes) else (publish_id or "")
+    return _int(version), text
 
 
 def committed_versions(client: redis.Redis, keys: JobKeys, low: int = 0, high: int | None = None) -> list[int]:
@@ -202,15 +212,17 @@ def commit(client: redis.Redis, keys: JobKeys, manifest: Manifest) -> int:
     try:
         client.eval(
             _COMMIT,
-            4 + len(chunk_keys),
+            5 + len(chunk_keys),
             keys.weights_latest,
             keys.weights_manifest(manifest.version),
             keys.weights_versions,
             keys.weights_events,
+            keys.weights_latest_id,
             *chunk_keys,
             manifest.version,
             raw,
             base,
+            manifest.publish_id,
         )
     except redis.ResponseError as exc:
         message = str(exc)
