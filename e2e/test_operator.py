@@ -206,14 +206,41 @@ def test_happy_path_children_pods_status_columns(ops: Ops, ns: str) -> None:
 
 
 def test_search_r1_example_gets_gpus(ops: Ops, ns: str) -> None:
+    # The example's checkpoint claim, created first as its header says: the preflight wants it to
+    # exist and the scheduler wants it bound. This cluster has no provisioner, so a volume is made
+    # for it and bound to it by name (kwok never mounts it).
+    claim = SEARCH_R1["spec"]["trainer"]["checkpointVolumeClaim"]
+    volume = f"{ns}-{claim}"
+    size = {"storage": "1Gi"}
+    ops.apply(ns, {
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
+        "spec": {"capacity": size, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": f"/tmp/{volume}"},
+                 "claimRef": {"namespace": ns, "name": claim}},
+    })  # fmt: skip
+    ops.apply(ns, {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": volume,
+                 "resources": {"requests": size}},
+    })  # fmt: skip
+    wait_for(
+        lambda: (ops.json("get", "pvc", claim, "-n", ns) or {}).get("status", {}).get("phase") == "Bound",
+        timeout=60, what=f"claim {claim} Bound",
+    )  # fmt: skip
     ops.apply(ns, SEARCH_R1)
     name = SEARCH_R1["metadata"]["name"]
     trainers = wait_for(lambda: ops.running(ns, "trainer", name, 2), timeout=90, what="GPU trainers Running")
     rollouts = wait_for(lambda: ops.running(ns, "rollout", name, 4), timeout=90, what="GPU rollouts Running")
-    for pod in trainers + rollouts:
-        assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    for role, pods in (("trainer", trainers), ("rollout", rollouts)):
+        for pod in pods:
+            assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+            assert pod["spec"]["containers"][0]["image"] == SEARCH_R1["spec"][role]["image"]
+    for pod in trainers:
+        claims = [v.get("persistentVolumeClaim", {}).get("claimName") for v in pod["spec"]["volumes"]]
+        assert claim in claims
     assert ops.status(ns, name)["rolloutReplicasDesired"] == 4
     ops.cluster.kubectl("delete", "rljob", name, "-n", ns, "--wait=false")
+    ops.cluster.kubectl("delete", "pv", volume, "--wait=false", check=False)
 
 
 INVALID = [

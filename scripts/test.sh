@@ -1,10 +1,26 @@
 #!/usr/bin/env bash
 # README's test command: set up everything, then lint and run every test tier that can run here
 # (unit, integration against a real redis-server, e2e against a real control plane). Extra
-# arguments go to pytest (e.g. scripts/test.sh -m "not e2e").
+# arguments go to pytest (e.g. scripts/test.sh -m "not e2e", which also skips building the control
+# plane, so it needs no Go).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$repo/scripts/setup.sh" --cluster
+
+# The control plane (Go, e2e/cluster/build.sh) is set up unless pytest's -m expression deselects the
+# e2e tier: the last -m wins, as in pytest, and it deselects e2e when it says `not e2e`.
+cluster=--cluster
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case "${args[i]}" in
+    -m) marks="${args[i + 1]:-}" ;;
+    -m*) marks="${args[i]#-m}" ;;
+    *) continue ;;
+  esac
+  if [[ "$marks" =~ (^|[^[:alnum:]_])not[[:space:]]+e2e($|[^[:alnum:]_]) ]]; then cluster=--no-cluster; else cluster=--cluster; fi
+done
+
+# Always an argument: `source` with none would hand setup.sh our own (pytest's) arguments.
+source "$repo/scripts/setup.sh" "$cluster"
 cd "$repo"
 echo "== ruff check, ruff format --check"
 ruff check .

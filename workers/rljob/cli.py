@@ -8,22 +8,68 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rljob.config import RLJob
+    from rljob.runtime_env import WorkerEnv
+
+
+class BadInput(Exception):
+    """Input the user can fix (a missing, unreadable or invalid manifest or path): `main` prints it
+    on stderr and exits 2, without a traceback. Raised only before any model or data is loaded."""
+
+
+def load_job(path: str) -> RLJob:
+    """The manifest at `path`, validated and with `bundled:` references resolved, or BadInput.
+
+    One place for every subcommand, so a directory, a YAML syntax error, a schema error or a
+    missing data file reads the same everywhere.
+    """
+    import yaml
+    from pydantic import ValidationError
+
+    from rljob.config import load_rljob
+    from rljob.runtime_env import resolve_bundled
+
+    try:
+        return resolve_bundled(load_rljob(path))
+    except OSError as exc:
+        where = exc.filename if exc.filename is not None else path
+        raise BadInput(f"{where}: {exc.strerror}" if exc.strerror else f"{path}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise BadInput(f"{path} is not valid YAML: {exc}") from exc
+    except ValidationError as exc:
+        raise BadInput(f"{path}: {exc}") from exc
+    except ValueError as exc:  # load_rljob's own messages start with the path
+        raise BadInput(str(exc) if str(exc).startswith(path) else f"{path}: {exc}") from exc
+
+
+def _worker_env() -> WorkerEnv:
+    """The pod's RLJOB_* settings; a missing variable is bad input like a bad manifest."""
+    from rljob.runtime_env import WorkerEnv
+
+    try:
+        return WorkerEnv.from_environ()
+    except SystemExit as exc:  # from_environ's message for missing variables
+        raise BadInput(str(exc.code)) from None
+
+
+def _has_checkpoint(path: Path) -> bool:
+    """A step directory or a folder of them (rljob.trainer.checkpoint's layout, checked without torch)."""
+    if (path / "state.pt").is_file():
+        return True
+    return any(c.is_dir() and c.name.startswith("step-") and (c / "meta.json").is_file() for c in path.iterdir())
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from rljob.config import load_rljob
-    from rljob.local_run import LocalRun, LocalRunFailed, summarise
-    from rljob.runtime_env import resolve_bundled
-
     if not args.local:
-        print("rljob run needs --local (on a cluster: helm install the operator and kubectl apply -f FILE)",
-              file=sys.stderr)  # fmt: skip
-        return 2
-    try:
-        job = resolve_bundled(load_rljob(args.file))
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"rljob run: {exc}", file=sys.stderr)
-        return 2
+        raise BadInput("needs --local (on a cluster: helm install the operator and kubectl apply -f FILE)")
+    if args.workers < 1:
+        raise BadInput(f"--workers must be at least 1, not {args.workers}")
+    job = load_job(args.file)
+    from rljob.local_run import LocalRun, LocalRunFailed, summarise
+
     results = Path(args.results or f"results/{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     run = LocalRun(job, results, rollout_workers=args.workers)
     try:
@@ -58,26 +104,37 @@ def _install_stop_handler() -> threading.Event:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
+    env = _worker_env()
+    job = load_job(env.config_path)
     from rljob.rollout.worker import run_rollout_worker
-    from rljob.runtime_env import WorkerEnv
 
-    env = WorkerEnv.from_environ()
     stop = _install_stop_handler()
-    run_rollout_worker(env.load_job(), env.authenticated_redis_url, env.worker_id, stop=stop,
+    run_rollout_worker(job, env.authenticated_redis_url, env.worker_id, stop=stop,
                        metrics_port=args.metrics_port)  # fmt: skip
     return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rljob.runtime_env import WorkerEnv
+    env = _worker_env()
+    job = load_job(env.config_path)
     from rljob.trainer.loop import run_trainer
 
-    env = WorkerEnv.from_environ()
-    run_trainer(env.load_job(), env.authenticated_redis_url, env.checkpoint_dir, results_dir=env.results_dir)
+    run_trainer(job, env.authenticated_redis_url, env.checkpoint_dir, results_dir=env.results_dir)
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    # Everything the evaluation will read or write is checked here, before the model loads (minutes
+    # for a large one), so a typo fails at once rather than after loading or, for --output, at the end.
+    load_job(args.file)
+    if args.questions and not Path(args.questions).is_file():
+        raise BadInput(f"--questions {args.questions}: no such file")
+    if args.checkpoint and not (Path(args.checkpoint).is_dir() and _has_checkpoint(Path(args.checkpoint))):
+        raise BadInput(f"--checkpoint {args.checkpoint}: not a trainer checkpoint (step-N) or a folder of them")
+    if args.limit is not None and args.limit < 1:
+        raise BadInput(f"--limit must be at least 1, not {args.limit}")
+    if args.output and not Path(args.output).resolve().parent.is_dir():
+        raise BadInput(f"--output {args.output}: its folder does not exist")
     from rljob.evaluate import evaluate_cli
 
     return evaluate_cli(args)
@@ -117,7 +174,11 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")  # fmt: skip
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except BadInput as exc:
+        print(f"rljob {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

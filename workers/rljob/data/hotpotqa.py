@@ -93,7 +93,7 @@ def load_questions_from_hub(
     limit: int | None = None,
 ) -> list[Question]:  # fmt: skip
     """Questions from the hub with `datasets` (only where a cluster can reach the hub)."""
-    import datasets  # optional dependency: not in the worker image's requirements
+    import datasets  # the `hub` extra (both worker images install it); not needed for local files
 
     dataset = datasets.load_dataset(name, config, split=split)
     if limit is not None:

@@ -1,0 +1,165 @@
+"""Every `rljob` subcommand turns bad input into one line on stderr and exit 2, before anything heavy.
+
+The heavy entry points (the local run, the evaluation, the worker loops) are replaced by stubs that
+fail the test if reached, so each case also proves the error comes before any model or data loads.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import rljob.evaluate
+import rljob.local_run
+from rljob.cli import main
+
+
+def _must_not_run(*args: Any, **kwargs: Any) -> None:
+    raise AssertionError("bad input reached the heavy part")
+
+
+@pytest.fixture(autouse=True)
+def no_heavy_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rljob.local_run, "LocalRun", _must_not_run)
+    monkeypatch.setattr(rljob.evaluate, "evaluate_cli", _must_not_run)
+
+
+def _manifest(tmp_path: Path, **spec: Any) -> Path:
+    """A valid manifest (hub model name, so nothing is fetched) with `spec` merged in."""
+    for name in ("train.jsonl", "dev.jsonl"):
+        (tmp_path / name).write_text("")
+    doc = {
+        "apiVersion": "rljob.dev/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "cli-test"},
+        "spec": {
+            "model": {"name": "HuggingFaceTB/SmolLM2-135M-Instruct"},
+            "data": {"trainPath": str(tmp_path / "train.jsonl"), "evalPath": str(tmp_path / "dev.jsonl")},
+            **spec,
+        },
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _bad_manifests(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """Unusable manifests, each with a piece of the message it must give."""
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("kind: RLJob\nspec: [unclosed\n")
+    no_rljob = tmp_path / "other.yaml"
+    no_rljob.write_text("kind: ConfigMap\n")
+    (tmp_path / "schema").mkdir()
+    schema = _manifest(tmp_path / "schema", grpo={"groupSize": 1})
+    (tmp_path / "data").mkdir()
+    data = _manifest(tmp_path / "data")
+    (tmp_path / "data" / "train.jsonl").unlink()
+    return {
+        "missing file": (tmp_path / "nope.yaml", "No such file or directory"),
+        "directory": (tmp_path, "Is a directory"),
+        "YAML syntax": (bad_yaml, "not valid YAML"),
+        "no RLJob document": (no_rljob, "no document with kind: RLJob"),
+        "schema": (schema, "groupSize"),
+        "missing data file": (data, "does not exist"),
+    }
+
+
+CASES = ["missing file", "directory", "YAML syntax", "no RLJob document", "schema", "missing data file"]
+
+
+def _run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("command", ["run", "eval"])
+def test_bad_manifest_is_a_clean_error(
+    command: str, case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, needle = _bad_manifests(tmp_path)[case]
+    argv = [command, str(path), *(["--local"] if command == "run" else [])]
+    code, err = _run_main(argv, capsys)
+    assert code == 2
+    assert err.startswith(f"rljob {command}: ") and needle in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("command", ["rollout", "train"])
+def test_pod_entry_points_refuse_a_bad_manifest(
+    command: str, case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, needle = _bad_manifests(tmp_path)[case]
+    monkeypatch.setenv("RLJOB_CONFIG", str(path))
+    monkeypatch.setenv("RLJOB_REDIS_URL", "redis://127.0.0.1:1/0")
+    code, err = _run_main([command], capsys)
+    assert code == 2 and err.startswith(f"rljob {command}: ") and needle in err, err
+
+
+@pytest.mark.parametrize("command", ["rollout", "train"])
+def test_pod_entry_points_name_missing_environment(
+    command: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RLJOB_CONFIG", raising=False)
+    monkeypatch.delenv("RLJOB_REDIS_URL", raising=False)
+    code, err = _run_main([command], capsys)
+    assert code == 2 and "RLJOB_CONFIG" in err and "RLJOB_REDIS_URL" in err, err
+
+
+def test_run_needs_local_and_a_worker(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _manifest(tmp_path)
+    code, err = _run_main(["run", str(path)], capsys)
+    assert code == 2 and "needs --local" in err
+    code, err = _run_main(["run", str(path), "--local", "--workers", "0"], capsys)
+    assert code == 2 and "--workers" in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--questions", "missing.jsonl"], "--questions"),
+        (["--checkpoint", "missing-dir"], "--checkpoint"),
+        (["--checkpoint", "."], "not a trainer checkpoint"),  # a folder without step-N checkpoints
+        (["--limit", "0"], "--limit"),
+        (["--output", "no/such/folder/out.json"], "--output"),
+    ],
+)
+def test_eval_checks_its_paths_before_loading_the_model(
+    extra: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _manifest(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code, err = _run_main(["eval", str(path), *extra], capsys)
+    assert code == 2 and err.startswith("rljob eval: ") and needle in err, err
+
+
+def test_eval_with_good_input_reaches_the_evaluation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _manifest(tmp_path)
+    step = tmp_path / "ckpt" / "step-00000002"
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text("{}")
+    (tmp_path / "q.jsonl").write_text("")
+    seen: list[Any] = []
+    monkeypatch.setattr(rljob.evaluate, "evaluate_cli", lambda args: seen.append(args) or 0)
+    argv = ["eval", str(path), "--checkpoint", str(tmp_path / "ckpt"), "--questions", str(tmp_path / "q.jsonl"),
+            "--limit", "3", "--output", str(tmp_path / "out.json")]  # fmt: skip
+    code, err = _run_main(argv, capsys)
+    assert code == 0 and len(seen) == 1 and seen[0].limit == 3, err
+
+
+def test_the_installed_command_prints_no_traceback(tmp_path: Path) -> None:
+    """The same path through a real process, as a user or a pod sees it."""
+    result = subprocess.run(
+        [sys.executable, "-m", "rljob.cli", "eval", str(tmp_path / "nope.yaml")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("rljob eval: ") and "Traceback" not in result.stderr
