@@ -236,3 +236,12 @@ def test_an_unparsable_eval_result_fails_at_once_and_old_leftovers_are_trimmed(r
         eval_round(redis_client, KEYS, [_request("e0", -1, greedy=True)], timeout_s=60, block_ms=50)
     thread.join()
     assert time.monotonic() - started < 10 and redis_client.xlen(KEYS.eval_results) == 0
+
+
+def test_eval_round_runs_its_wait_hook_while_it_waits(redis_client) -> None:
+    # The trainer answers weight-rebase requests from this hook: workers that cannot load the
+    # latest version answer no eval prompt until it is re-exported.
+    calls = []
+    with pytest.raises(TimeoutError):
+        eval_round(redis_client, KEYS, [_request("e0")], timeout_s=0.3, block_ms=50, on_wait=lambda: calls.append(1))
+    assert len(calls) >= 2

@@ -181,9 +181,9 @@ def test_redis_killed_mid_publish_leaves_readers_on_a_complete_version(redis_ser
     else:
         commit = store.commit
 
-        def crash(client, keys, manifest):
+        def crash(client, keys, manifest, **options):
             redis_server.kill()
-            return commit(client, keys, manifest)
+            return commit(client, keys, manifest, **options)
 
         monkeypatch.setattr(store, "commit", crash)
     with pytest.raises(redis.ConnectionError):
@@ -632,9 +632,9 @@ def test_a_version_whose_chunks_vanished_before_commit_is_not_committed(redis_cl
     publisher.publish(trainer.model)
     commit = store.commit
 
-    def lose_a_chunk(client, keys, manifest):
+    def lose_a_chunk(client, keys, manifest, **options):
         client.delete(manifest.chunks[0].key)
-        return commit(client, keys, manifest)
+        return commit(client, keys, manifest, **options)
 
     monkeypatch.setattr(store, "commit", lose_a_chunk)
     trainer.step()
@@ -681,3 +681,38 @@ def test_a_reader_holding_a_version_redis_lost_does_not_take_its_namesake_for_it
     result = reader.sync(shadow)
     assert result.version == 1 and result.versions_applied
     assert_holds(shadow, restarted.bits())
+
+
+def test_a_chunk_that_stays_corrupt_is_answered_by_a_re_export_of_the_same_version(redis_client):
+    # The newest delta's chunk is corrupt in Redis itself: refetching reads the same bytes, so the
+    # reader gives up and asks for a rebase. The trainer, waiting for rollouts, publishes nothing
+    # new: answer_rebase re-exports the latest version as a full under its own number.
+    trainer = Trainer()
+    publisher = publisher_for(redis_client, chunk_bytes=1024)
+    model, reader = tiny_llama(10), WeightReader(redis_client, KEYS)
+    publisher.publish(trainer.model)
+    reader.sync(model)
+    trainer.step()
+    publisher.publish(trainer.model)  # v1, a delta
+    expected = trainer.bits()
+    assert publisher.answer_rebase() is None  # nobody asked
+    chunk = store.read_manifests(redis_client, KEYS, [1])[0][0].chunks[0].key
+    redis_client.setrange(chunk, 3, bytes([redis_client.getrange(chunk, 3, 3)[0] ^ 0xFF]))
+    with pytest.raises(WeightStoreError, match="asked the publisher for a new full export"):
+        reader.sync(model)
+    old_id = store.latest_with_id(redis_client, KEYS)[1]
+
+    answered = publisher.answer_rebase()
+    assert answered is not None and (answered.version, answered.kind) == (1, "full")
+    latest, latest_id = store.latest_with_id(redis_client, KEYS)
+    assert latest == 1 and latest_id != old_id and not redis_client.exists(KEYS.weights_rebase)
+    assert not redis_client.exists(chunk)  # the replaced delta's chunks are gone
+    assert store.committed_versions(redis_client, KEYS) == [1]  # retention: the full at 1 and nothing older
+    synced = reader.sync(model)
+    assert (synced.version, synced.took_full) == (1, True)
+    assert_holds(model, expected)
+    trainer.step()
+    result = publisher.publish(trainer.model)  # and the sequence goes on from the re-export
+    assert (result.version, result.kind) == (2, "delta")
+    assert reader.sync(model).versions_applied == [2]
+    assert_holds(model, trainer.bits())

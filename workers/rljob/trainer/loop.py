@@ -202,7 +202,7 @@ def _train(
         collector = TrajectoryCollector(client, keys, consumer=f"trainer-{gang.rank}")
         if ckpt is None and spec.eval.interval and eval_questions:
             # The starting point (after any warm-up), so every run reports before and after.
-            before = _evaluate(client, keys, eval_questions, 0, version, metrics, eval_timeout_s)
+            before = _evaluate(client, keys, eval_questions, 0, version, metrics, eval_timeout_s, publisher)
             if before is not None:
                 writer.write_eval("eval_before", before)
                 writer.write(metrics, log=False)
@@ -227,7 +227,8 @@ def _train(
                 enqueue_prompts(client, keys.prompts, reqs)
                 enqueued_through = k
             wanted = [r.request_id for r in step_requests(step, questions, job, 0, run_tag)]
-            groups, entry_ids = collector.collect(step, wanted, timeout_s=collect_timeout_s)
+            groups, entry_ids = collector.collect(step, wanted, timeout_s=collect_timeout_s,
+                                                  on_wait=lambda *_: answer_rebase(publisher))  # fmt: skip
             roll = rollout_metrics(groups)
         wait_seconds = time.perf_counter() - step_started
         groups = broadcast_object(gang, groups)
@@ -262,7 +263,8 @@ def _train(
             last = step + 1 == grpo.total_steps
             if spec.eval.interval and eval_questions and ((step + 1) % spec.eval.interval == 0 or last):
                 eval_started = time.perf_counter()
-                result = _evaluate(client, keys, eval_questions, step + 1, version, metrics, eval_timeout_s)
+                result = _evaluate(client, keys, eval_questions, step + 1, version, metrics, eval_timeout_s,
+                                   publisher)  # fmt: skip
                 extra["eval_seconds"] = time.perf_counter() - eval_started
                 if result is not None and last:
                     writer.write_eval("eval_after", result)
@@ -368,18 +370,29 @@ def _evaluate(
     version: int,
     metrics: TrainerMetrics,
     timeout_s: float,
+    publisher: Any = None,
 ) -> dict[str, Any] | None:
     """Greedy answers to held-out questions from the rollout workers at the just-published version."""
     from rljob.trainer.streams import eval_round
 
     try:
-        groups = eval_round(client, keys, eval_requests(step, questions, version), timeout_s=timeout_s)
+        groups = eval_round(client, keys, eval_requests(step, questions, version), timeout_s=timeout_s,
+                            on_wait=lambda: answer_rebase(publisher))  # fmt: skip
     except TimeoutError as exc:
         log.warning("eval at step %d skipped: %s", step, exc)
         return None
     result = rollout_metrics(groups)
     _update(metrics, {"eval_step": step, "eval_exact_match": result["exact_match"], "eval_f1": result["f1"]})
     return {**result, "step": step, "policy_version": version, "questions": len(groups)}
+
+
+def answer_rebase(publisher: Any) -> None:
+    """While the trainer waits on rollout workers: a reader that cannot apply what is stored (a
+    chunk that stays corrupt, say) asks for a rebase and produces nothing until it can load the
+    latest version, so the publisher re-exports it now (`WeightPublisher.answer_rebase`) rather
+    than at the next publish, which would never come."""
+    if publisher is not None:
+        publisher.answer_rebase()
 
 
 def _update(metrics: TrainerMetrics, values: dict[str, Any]) -> None:

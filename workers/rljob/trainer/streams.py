@@ -205,8 +205,10 @@ def eval_round(
     *,
     timeout_s: float,
     block_ms: int = 1000,
+    on_wait: Callable[[], None] | None = None,
 ) -> list[TrajectoryGroup]:
-    """Enqueue greedy eval prompts and wait for their results (any order, duplicates ignored).
+    """Enqueue greedy eval prompts and wait for their results (any order, duplicates ignored);
+    `on_wait` runs once per wait (the trainer answers weight-rebase requests there).
 
     Results are deleted as they are read, and those left by an earlier round that timed out are
     trimmed first. An unparsable result fails at once: waiting out the timeout would not help."""
@@ -225,6 +227,8 @@ def eval_round(
             last_report = now
             log.info("eval: %d/%d questions answered (%.0fs)", len(got), len(wanted), now - started)
         reply = client.xread({keys.eval_results: since}, count=256, block=block_ms)
+        if on_wait is not None:
+            on_wait()
         entries = [(_s(eid), fields) for _, batch in reply or [] for eid, fields in batch]
         if entries:
             since = entries[-1][0]

@@ -262,14 +262,7 @@ class WeightPublisher:
         encode_seconds = time.perf_counter() - started
 
         started = time.perf_counter()
-        attempt = manifest.publish_id = uuid.uuid4().hex[:12]  # its own chunk keys, and the version's identity
-        manifest.chunks = store.write_chunks(self.client, self.keys, version, payload, self.chunk_bytes, attempt)
-        try:
-            manifest_bytes = store.commit(self.client, self.keys, manifest)
-        except (store.VersionConflictError, store.MissingChunkError):
-            if manifest.chunks:  # refused: no manifest will ever name these chunks
-                self.client.delete(*[ref.key for ref in manifest.chunks])
-            raise
+        manifest_bytes = self._write_and_commit(payload, manifest)
         self._set_baseline(bits)
         self._shapes, self._last = shapes, manifest
         if manifest.kind == "full":
@@ -290,6 +283,54 @@ class WeightPublisher:
             encodings=encodings,
             reason=reason,
         )
+
+    def _write_and_commit(self, payload: bytes, manifest: Manifest, *, replace: bool = False) -> int:
+        """Write the chunks under a fresh publish id, then commit (see store.commit); a refused
+        commit takes its chunks away again. Returns the manifest's size."""
+        attempt = manifest.publish_id = uuid.uuid4().hex[:12]  # its own chunk keys, and the version's identity
+        manifest.chunks = store.write_chunks(
+            self.client, self.keys, manifest.version, payload, self.chunk_bytes, attempt
+        )
+        try:
+            return store.commit(self.client, self.keys, manifest, replace=replace)
+        except (store.VersionConflictError, store.MissingChunkError):
+            if manifest.chunks:  # refused: no manifest will ever name these chunks
+                self.client.delete(*[ref.key for ref in manifest.chunks])
+            raise
+
+    def answer_rebase(self) -> PublishResult | None:
+        """When a reader asked for a rebase (it cannot apply what is stored: a chunk that stays
+        corrupt in Redis, say), re-export the latest version as a full under its own number and
+        return what was written; else None.
+
+        For a trainer waiting on rollouts: no new version comes before they arrive, and the readers
+        that asked produce none until they can load the latest one, so waiting for the next publish
+        would wait forever. The same number, because the values are the same and the trainer's
+        policy-version arithmetic counts versions; the new publish id tells readers it changed.
+        """
+        requested = self.client.get(self.keys.weights_rebase)
+        if requested is None:
+            return None
+        if not self._resumed:
+            self.resume()
+        if self._baseline is None or self._last is None:
+            return None  # nothing readable to re-export: the next publish is a full anyway
+        started = time.perf_counter()
+        old = self._last
+        payload, manifest = self._full_manifest(old.version, self._baseline, self._shapes, changed=0)
+        manifest_bytes = self._write_and_commit(payload, manifest, replace=True)
+        self._last = manifest
+        stale = [ref.key for ref in old.chunks]
+        if stale:  # the replaced manifest's chunks (a reader still fetching them retries on the full)
+            self.client.delete(*stale)
+        self.client.delete(self.keys.weights_rebase)
+        store.apply_retention(self.client, self.keys)
+        log.warning("re-exported weight version %d as a full: a reader asked (%s)", old.version,
+                    requested.decode(errors="replace")[:200])  # fmt: skip
+        return PublishResult(
+            version=old.version, kind="full", bytes=len(payload) + manifest_bytes, payload_bytes=len(payload),
+            numel=manifest.numel, write_seconds=time.perf_counter() - started, reason="a reader asked for a rebase",
+        )  # fmt: skip
 
     def _new_bits(self, tensor: torch.Tensor) -> np.ndarray | BlockSource:
         """The tensor's bf16 patterns, flat: a view of a CPU bf16 tensor; for a CPU fp32 tensor a

@@ -36,10 +36,15 @@ from rljob.weights.manifest import MANIFEST_FORMAT, ChunkRef, Manifest
 _BATCH_BYTES = 64 * 1024 * 1024
 
 # KEYS: latest, manifest, versions, events, latest_id, then the version's chunk keys.
-# ARGV: version, manifest JSON, base version of a delta ('' for a full), publish id.
+# ARGV: version, manifest JSON, base version of a delta ('' for a full), publish id, and
+# 'replace' to re-export the latest version under its own number ('' otherwise).
 _COMMIT = """
 local current = redis.call('GET', KEYS[1])
-if current and tonumber(current) >= tonumber(ARGV[1]) then
+if ARGV[5] == 'replace' then
+  if not current or tonumber(current) ~= tonumber(ARGV[1]) then
+    return redis.error_reply('STALE version ' .. ARGV[1] .. ' to replace is not latest ' .. (current or 'none'))
+  end
+elseif current and tonumber(current) >= tonumber(ARGV[1]) then
   return redis.error_reply('STALE version ' .. ARGV[1] .. ' is not newer than latest ' .. current)
 end
 if ARGV[3] ~= '' and (not current or tonumber(current) ~= tonumber(ARGV[3])) then
@@ -201,11 +206,13 @@ def read_payload(client: redis.Redis, manifest: Manifest) -> bytes:
     return b"".join(parts)
 
 
-def commit(client: redis.Redis, keys: JobKeys, manifest: Manifest) -> int:
+def commit(client: redis.Redis, keys: JobKeys, manifest: Manifest, *, replace: bool = False) -> int:
     """Atomically publish a manifest whose chunks are written; returns its size in bytes.
 
     Refused (nothing changes) when the version is not newer than `latest` or a delta's base is not
-    `latest` (VersionConflictError), or when a chunk it names is gone (MissingChunkError)."""
+    `latest` (VersionConflictError), or when a chunk it names is gone (MissingChunkError). With
+    `replace`, the manifest takes the place of the latest version's own (same number, a full of the
+    same values: a re-export) and must be for exactly that version."""
     raw = manifest.to_json()
     base = "" if manifest.kind == "full" or manifest.base_version is None else str(manifest.base_version)
     chunk_keys = [ref.key for ref in manifest.chunks]
@@ -223,6 +230,7 @@ def commit(client: redis.Redis, keys: JobKeys, manifest: Manifest) -> int:
             raw,
             base,
             manifest.publish_id,
+            "replace" if replace else "",
         )
     except redis.ResponseError as exc:
         message = str(exc)
