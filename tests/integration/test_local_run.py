@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -78,11 +79,13 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-@pytest.mark.parametrize("started_with_sigint_ignored", [False, True])
-def test_ctrl_c_stops_every_child(tmp_path, tiny_model, started_with_sigint_ignored):
+@pytest.mark.parametrize(("started_with_sigint_ignored", "twice"), [(False, False), (True, False), (False, True)])
+def test_ctrl_c_stops_every_child(tmp_path, tiny_model, started_with_sigint_ignored, twice):
     """Ctrl-C (SIGINT to the process group) stops the run with 130 and leaves no process behind,
     also when the run was started with SIGINT ignored, as a shell starts background jobs (`&`,
-    nohup) and as some CI runners start their steps (Python keeps an ignored SIGINT ignored)."""
+    nohup) and as some CI runners start their steps (Python keeps an ignored SIGINT ignored), and
+    when a second Ctrl-C comes during the shutdown (it cut the shutdown short and left the
+    embedded redis-server running in its own session)."""
     results = tmp_path / "results"
     manifest = write_manifest(tmp_path / "job.yaml", tiny_model, total_steps=1000)
     start = {"preexec_fn": _ignore_sigint} if started_with_sigint_ignored else {}
@@ -92,6 +95,10 @@ def test_ctrl_c_stops_every_child(tmp_path, tiny_model, started_with_sigint_igno
         time.sleep(0.5)
     assert (results / "metrics.jsonl").exists(), "the run never reached its first step"
     os.killpg(proc.pid, signal.SIGINT)
+    if twice:
+        time.sleep(1.0)  # the rollout worker is finishing its batch: the shutdown is under way
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
     assert "interrupted" in out

@@ -8,6 +8,7 @@ nothing outlives this process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,18 +75,19 @@ class LocalRun:
         config_path = self.results_dir / "job.yaml"
         config_path.write_text(yaml.safe_dump(self.job.model_dump(by_alias=True, mode="json"), sort_keys=False))
         redis = EmbeddedRedis(self.results_dir / "redis", appendonly=True, password=secrets.token_hex(16))
-        redis.start()
-        print(f"[rljob] embedded redis-server on 127.0.0.1:{redis.port}; results in {self.results_dir}", flush=True)
-        base = WorkerEnv(
-            config_path=str(config_path), redis_url=f"redis://127.0.0.1:{redis.port}/0",
-            redis_password=redis.password, checkpoint_dir=str(self.results_dir / "checkpoints"),
-            results_dir=str(self.results_dir), worker_id="local",
-        )  # fmt: skip
         previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         # Ctrl-C stops the run even where SIGINT came in ignored: a shell starts background jobs
         # (`rljob run ... &`, nohup, some CI runners) with SIGINT ignored, and Python then keeps it so.
         previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
+            redis.start()  # inside the try: an interrupt right after it still stops it
+            print(f"[rljob] embedded redis-server on 127.0.0.1:{redis.port}; results in {self.results_dir}",
+                  flush=True)  # fmt: skip
+            base = WorkerEnv(
+                config_path=str(config_path), redis_url=f"redis://127.0.0.1:{redis.port}/0",
+                redis_password=redis.password, checkpoint_dir=str(self.results_dir / "checkpoints"),
+                results_dir=str(self.results_dir), worker_id="local",
+            )  # fmt: skip
             for i in range(self.rollout_workers):
                 env = base.model_copy(update={"worker_id": f"rollout-{i}"}).to_environ()
                 self._spawn(f"rollout-{i}", ["rollout"], env, to_console=False)
@@ -100,10 +103,25 @@ class LocalRun:
             print("\n[rljob] interrupted: stopping workers and trainers", file=sys.stderr, flush=True)
             return 130
         finally:
-            self.stop_children()
-            redis.stop()
+            self._shut_down(redis)
             signal.signal(signal.SIGTERM, previous)
             signal.signal(signal.SIGINT, previous_int)
+
+    def _shut_down(self, redis: EmbeddedRedis) -> None:
+        """Stop the children, then redis-server, whatever arrives meanwhile. Every child runs in a
+        session of its own, out of the terminal's reach, so a step skipped here is a process left
+        running for good. A rollout worker finishes its batch before it exits (minutes on CPU), so
+        a second Ctrl-C is likely: it hurries the shutdown (SIGKILL now) instead of cutting it short."""
+        try:
+            try:
+                self.stop_children()
+            except KeyboardInterrupt:
+                print("[rljob] interrupted again: killing workers and trainers now", file=sys.stderr, flush=True)
+                with _signals_ignored():
+                    self.stop_children(grace=0.0)
+        finally:
+            with _signals_ignored():
+                redis.stop()
 
     def _supervise(self, trainers: list[Child]) -> int:
         while True:
@@ -134,6 +152,17 @@ class LocalRun:
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored for the block (the last steps of a shutdown must not be cut)."""
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def summarise(results_dir: Path) -> dict[str, object]:
