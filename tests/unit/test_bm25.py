@@ -44,3 +44,19 @@ def test_top_k_matches_reference_on_dev_questions() -> None:
         same_scores = np.allclose([h.score for h in hits], ref_scores[ref_top], rtol=1e-9)  # ties aside
         agree += same_ids or same_scores
     assert agree / len(queries) >= 0.99
+
+
+def test_ties_at_the_cut_go_to_the_lowest_document_ids() -> None:
+    # Many documents with the same score around the k-th place: the documented order is score,
+    # then lower id; argpartition alone picked arbitrarily among the tied ones.
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        docs = [
+            list(rng.choice(["a", "b", "c", "d"], size=rng.integers(1, 4))) for _ in range(int(rng.integers(8, 60)))
+        ]
+        index = BM25Index(docs)
+        for query in (["a"], ["b", "c"], ["d", "d"]):
+            scores = index.scores_batch([query])[0]
+            for k in (1, 3, 5):
+                want = sorted(range(len(docs)), key=lambda i: (-scores[i], i))[:k]
+                assert [h.doc for h in index.search(query, k)] == want

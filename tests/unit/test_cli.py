@@ -163,3 +163,17 @@ def test_the_installed_command_prints_no_traceback(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("rljob eval: ") and "Traceback" not in result.stderr
+
+
+def test_rljob_eval_scores_by_default_what_the_trainer_evaluates() -> None:
+    # The trainer scores the first eval.questions of the eval set; `rljob eval FILE` scored the
+    # whole set (300 questions against the local example's 16), so the two did not compare.
+    from rljob.config import RLJob
+    from rljob.evaluate import questions_to_score
+
+    job = RLJob.model_validate({"spec": {"eval": {"questions": 16}}})
+    pool = list(range(300))
+    assert questions_to_score(pool, job, from_file=False, limit=None) == list(range(16))
+    assert questions_to_score(pool, job, from_file=False, limit=5) == list(range(5))
+    assert questions_to_score(pool, job, from_file=True, limit=None) == pool  # a --questions file: whole
+    assert questions_to_score(pool, job, from_file=True, limit=40) == list(range(40))

@@ -88,6 +88,16 @@ def test_unretrievable_answer_gives_no_demonstration(setup):
     assert demonstration_for(records[0], tokenizer, retriever, tight) is None
 
 
+def test_with_one_turn_a_demonstration_answers_at_once_or_not_at_all(setup):
+    # A search needs a later turn for the answer; with maxTurns 1 RL can only answer at once, so a
+    # demonstration that searched would teach a pattern that always ends unanswered.
+    records, retriever, tokenizer = setup
+    one_turn = SPEC.model_copy(update={"max_turns": 1})
+    demos, _ = build_demonstrations(records, tokenizer, retriever, one_turn, limit=40)
+    assert all(not d.searches and sum(1 for v, _ in _spans(d) if v == 1) == 1 for d in demos)
+    assert all(d.answer in ("yes", "no") for d in demos)  # only answers that need no passage
+
+
 def test_masked_nll_counts_only_written_tokens(setup):
     records, retriever, tokenizer = setup
     demos, _ = build_demonstrations(records, tokenizer, retriever, SHORT, limit=2)

@@ -76,6 +76,14 @@ def load_checkpoint_weights(path: str | Path) -> dict[str, Any]:
     return load_checkpoint(chosen).trainer["model"]
 
 
+def questions_to_score(questions: list[Any], job: Any, *, from_file: bool, limit: int | None) -> list[Any]:
+    """Which questions `rljob eval` scores: a `--questions` file whole, else the ones the trainer's
+    evaluations score (the first `eval.questions` of the job's eval set), so the two compare; then
+    at most `limit`."""
+    chosen = questions if from_file else questions[: job.spec.eval.questions]
+    return chosen[:limit] if limit else chosen
+
+
 def evaluate_cli(args: argparse.Namespace) -> int:
     import torch
 
@@ -88,7 +96,7 @@ def evaluate_cli(args: argparse.Namespace) -> int:
     job = resolve_bundled(load_rljob(args.file))
     retriever, _, eval_questions = build_retriever_for_spec(job.spec.data)
     questions = load_questions(args.questions, limit=args.limit) if args.questions else eval_questions
-    questions = questions[: args.limit] if args.limit else questions
+    questions = questions_to_score(questions, job, from_file=bool(args.questions), limit=args.limit)
     engine = load_engine(job.spec.model, "hf", "cuda" if torch.cuda.is_available() else "cpu")
     if args.checkpoint:
         weights = load_checkpoint_weights(args.checkpoint)

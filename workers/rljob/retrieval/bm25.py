@@ -121,6 +121,7 @@ class BM25Index:
             scores = self.scores_batch(queries[start : start + chunk])
             if k < self.num_docs:
                 top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+                _lowest_ids_on_ties(scores, top)
             else:
                 top = np.tile(np.arange(self.num_docs), (len(scores), 1))
             top_scores = np.take_along_axis(scores, top, axis=1)
@@ -135,3 +136,17 @@ class BM25Index:
 
     def search(self, tokens: Sequence[str], k: int) -> list[SearchHit]:
         return self.search_batch([tokens], k)[0]
+
+
+def _lowest_ids_on_ties(scores: np.ndarray, top: np.ndarray) -> None:
+    """Make each row of `top` (some k best ids per row of `scores`, from argpartition) the k best
+    with ties at the cut going to the lowest ids, in place. argpartition picks arbitrarily among
+    documents tied with the k-th score; such rows are rare, so they are redone one by one."""
+    k = top.shape[1]
+    kth = np.take_along_axis(scores, top, axis=1).min(axis=1, keepdims=True)
+    tied_in_top = (np.take_along_axis(scores, top, axis=1) == kth).sum(axis=1)
+    tied_overall = (scores == kth).sum(axis=1)
+    for row in np.flatnonzero(tied_overall > tied_in_top):
+        above = np.flatnonzero(scores[row] > kth[row, 0])
+        tied = np.flatnonzero(scores[row] == kth[row, 0])  # ascending ids
+        top[row] = np.concatenate((above, tied[: k - above.size]))

@@ -10,8 +10,12 @@ Three policies meet in the loss:
 The clipped surrogate uses the ratio current / proximal, and the lag between the behaviour policy
 and the proximal one is corrected by a truncated importance weight min(proximal / behaviour, cap)
 (decoupled PPO, as in AReaL; TRL's truncated importance sampling correction is the same weight).
-With `maxPolicyLag: 0` the weight only absorbs the numerical gap between the rollout engine and the
-trainer. Truncation bounds the variance a very stale sample can inject.
+With `maxPolicyLag: 0` the weight absorbs the numerical gap between the rollout engine and the
+trainer, and, with `topP < 1`, the nucleus cut: the engine records log-probs of the renormalised
+nucleus, the trainer scores the full softmax(logits / T), so the weight is the nucleus mass (below
+1) on every token. That is the right weight of the full policy against the sampling distribution,
+but the `importance_weight` metric then reads below 1 without any lag. Truncation bounds the
+variance a very stale sample can inject.
 
 Masked positions (prompt, retrieved and injected tokens, padding) get exactly zero gradient: every
 term goes through `torch.where` on the mask *before* any exp, so a masked position's arbitrary

@@ -75,7 +75,9 @@ def demonstration_for(
     if not question.answers or not question.answers[0].strip():
         return None
     gold = question.answers[0].strip()
-    max_searches = max(1, min(max_searches, spec.max_turns - 1))
+    # A search needs a turn after it for the answer: with one turn, RL can only answer at once, so a
+    # demonstration must too (only answers needing no passage, yes/no, remain).
+    max_searches = max(0, min(max_searches, spec.max_turns - 1))
     ids = prompt_ids(tokenizer, question.question)
     demo = Demonstration(question.id, list(ids), [0] * len(ids), answer=gold)
 
