@@ -238,7 +238,7 @@ def _train(
         if gang.is_main:
             published = publisher.publish(trainer.model)
             version = published.version
-            collector.ack(entry_ids)
+            collector.ack(entry_ids, done=wanted)
             step_seconds = time.perf_counter() - step_started
             _update(
                 metrics,

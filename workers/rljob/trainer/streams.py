@@ -183,13 +183,21 @@ class TrajectoryCollector:
             self.requeued.pop(r, None)
         return [p.group for p in pending], [p.entry_id for p in pending]
 
-    def ack(self, entry_ids: Sequence[str]) -> None:
-        """Acknowledge and delete, in one transaction: acknowledged entries must not pile up."""
-        if not entry_ids:
+    def ack(self, entry_ids: Sequence[str], done: Sequence[str] = ()) -> None:
+        """Acknowledge and delete, in one transaction: acknowledged entries must not pile up.
+
+        `done`: request ids of a step now trained, taken out of the workers' done set in the same
+        transaction, so the set holds only steps in flight instead of one id per group forever. A
+        late duplicate of such a request (a reclaimed prompt a second worker still held) is then
+        generated and published once more, and dropped here as late."""
+        if not entry_ids and not done:
             return
         with self.client.pipeline(transaction=True) as pipe:
-            pipe.xack(self.keys.trajectories, TRAINER_GROUP, *entry_ids)
-            pipe.xdel(self.keys.trajectories, *entry_ids)
+            if entry_ids:
+                pipe.xack(self.keys.trajectories, TRAINER_GROUP, *entry_ids)
+                pipe.xdel(self.keys.trajectories, *entry_ids)
+            if done:
+                pipe.srem(self.keys.rollout_done, *done)
             pipe.execute()
 
 
@@ -237,6 +245,7 @@ def eval_round(
             group = _eval_result(eid, fields)
             if group.request_id in wanted:
                 got.setdefault(group.request_id, group)
+    client.srem(keys.rollout_done, *wanted)  # answered and read: the done set keeps only what is in flight
     return [got[r.request_id] for r in requests]
 
 
