@@ -245,3 +245,18 @@ def test_eval_round_runs_its_wait_hook_while_it_waits(redis_client) -> None:
     with pytest.raises(TimeoutError):
         eval_round(redis_client, KEYS, [_request("e0")], timeout_s=0.3, block_ms=50, on_wait=lambda: calls.append(1))
     assert len(calls) >= 2
+
+
+def test_a_dead_workers_prompts_behind_many_live_ones_are_reclaimed(redis_client) -> None:
+    # XAUTOCLAIM looks at ten times COUNT pending entries per call: started from 0-0 every time, a
+    # dead worker's prompts behind 45 that live workers hold (their idle time kept fresh by the
+    # heartbeat) were never reached with a batch of 3.
+    rollout.ensure_groups(redis_client, KEYS)
+    enqueue_prompts(redis_client, KEYS.prompts, [_request(f"live{i}") for i in range(45)])
+    live = rollout.read_new(redis_client, KEYS, "live", count=45, block_ms=0)
+    enqueue_prompts(redis_client, KEYS.prompts, [_request(f"dead{i}") for i in range(3)])
+    assert len(rollout.read_new(redis_client, KEYS, "dead", count=3, block_ms=0)) == 3
+    time.sleep(0.2)
+    rollout.refresh_idle(redis_client, "live", live)  # the live worker's heartbeat
+    taken = rollout.reclaim_stale(redis_client, KEYS, "alive", min_idle_ms=150, count=3)
+    assert sorted(h.request.request_id for h in taken) == ["dead0", "dead1", "dead2"]

@@ -64,15 +64,22 @@ def _held(stream: str, entry_id: bytes | str, fields: dict) -> HeldPrompt:
 
 
 def reclaim_stale(client: redis.Redis, keys: JobKeys, consumer: str, min_idle_ms: int, count: int) -> list[HeldPrompt]:
-    """Take over prompts another consumer has held longer than `min_idle_ms` (it died)."""
+    """Take over prompts another consumer has held longer than `min_idle_ms` (it died).
+
+    XAUTOCLAIM looks at no more than ten times COUNT pending entries per call, so the scan follows
+    its cursor through the whole pending list: from 0-0 alone, a dead worker's prompts queued
+    behind many that live workers hold were never looked at."""
     taken: list[HeldPrompt] = []
     for stream in (keys.prompts, keys.eval_prompts):
-        if len(taken) >= count:
-            break
-        reply = client.xautoclaim(stream, ROLLOUT_GROUP, consumer, min_idle_ms, "0-0", count=count - len(taken))
-        for entry_id, fields in reply[1]:
-            if fields is not None:  # deleted entries come back empty and leave the pending list
-                taken.append(_held(stream, entry_id, fields))
+        cursor = "0-0"
+        while len(taken) < count:
+            reply = client.xautoclaim(stream, ROLLOUT_GROUP, consumer, min_idle_ms, cursor, count=count - len(taken))
+            for entry_id, fields in reply[1]:
+                if fields is not None:  # deleted entries come back empty and leave the pending list
+                    taken.append(_held(stream, entry_id, fields))
+            cursor = _text(reply[0])
+            if cursor == "0-0":  # the whole pending list was seen
+                break
     if taken:
         log.warning("%s reclaimed %d prompts from a dead worker", consumer, len(taken))
     return taken
