@@ -106,6 +106,33 @@ def test_in_process_worker_dedupes_and_stops(redis_server, redis_client) -> None
     assert redis_client.hget(keys.workers, "w0") is None  # a clean exit removes the heartbeat
 
 
+def test_prompts_read_as_the_worker_stops_are_handed_back_not_served(redis_server, redis_client) -> None:
+    # SIGTERM during the blocking read: the prompts that read returns are held but not started,
+    # so they go back to the stream at once (they were generated in full before, delaying the stop).
+    questions = load_questions(hotpotqa_dir() / "dev.jsonl", limit=10)
+    tokenizer = train_tiny_tokenizer([q.question for q in questions])
+    engine = HFEngine(tiny_random_model(tokenizer), tokenizer, seed=0)
+    keys = JobKeys("ns", "t")
+    stop = threading.Event()
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(s=run_rollout_worker(
+        _job("unused"), redis_server.url, "w0", stop, engine=engine, retriever=Retriever.from_questions(questions),
+        heartbeat_seconds=0.2, block_ms=3000)))  # fmt: skip
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not any(c.get("cmd") == "xread" for c in redis_client.client_list()):  # blocked in its read
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    stop.set()
+    ids = _enqueue(redis_client, keys, questions[:2], group_size=2, eval_count=0)
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert result["s"].released == 2 and result["s"].groups_published == 0
+    assert redis_client.xlen(keys.trajectories) == 0
+    back = [PromptRequest.model_validate_json(f[b"data"]).request_id for _, f in redis_client.xrange(keys.prompts)]
+    assert sorted(back) == sorted(ids) and _pending(redis_client, keys.prompts) == []
+
+
 @pytest.mark.slow
 def test_two_workers_one_killed_mid_batch(redis_server, redis_client, tmp_path) -> None:
     questions = load_questions(hotpotqa_dir() / "dev.jsonl", limit=60)

@@ -167,6 +167,10 @@ def run_rollout_worker(
                 held = streams.read_new(client, keys, worker_id, batch_size, block_ms)
             if not held:
                 continue
+            if stop.is_set():  # stopped while reading: these are held, not started; hand them back
+                streams.release(client, held)
+                summary.released += len(held)
+                break
             with shared.lock:
                 shared.held, shared.busy = list(held), True
             _serve_batch(client, keys, engine, reader, retriever, job, worker_id, held, stop, summary, metrics)
