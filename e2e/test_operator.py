@@ -147,6 +147,14 @@ def test_chart_lints_and_renders(cluster) -> None:
         "Deployment",
         "Service",
     } <= kinds
+    # `--set` hands decimals over as strings: a positive one is a valid interval, anything else not.
+    fast = cluster.helm("template", "r", str(CHART), "--set", "operator.timerInterval=0.5").stdout
+    env = next(d for d in yaml.safe_load_all(fast) if d and d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in env["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RLJOB_TIMER_INTERVAL"] == "0.5"
+    for bad_value in ("0", "-1", "soon"):
+        bad = cluster.helm("template", "r", str(CHART), "--set", f"operator.timerInterval={bad_value}", check=False)
+        assert bad.returncode != 0 and "timerInterval" in bad.stdout + bad.stderr, bad_value
 
 
 def test_explain_teaches_the_api(ops: Ops) -> None:
