@@ -212,6 +212,9 @@ class LocalCluster:
             f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
             f"--client-ca-file={pki / 'ca.crt'}",
             "--authorization-mode=RBAC", "--allow-privileged=true",
+            # As OpenShift runs it: setting blockOwnerDeletion on a child needs update on its owner's
+            # finalizers, which the chart's RBAC must then grant.
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",

@@ -87,7 +87,12 @@ class Reconciler:
             body = self.kube.get(RLJOB_API, "RLJob", namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 return
-            self._reconcile(body, full=full or self.settings.always_full)
+            try:
+                self._reconcile(body, full=full or self.settings.always_full)
+            except ApiError as exc:
+                if exc.status == 403 and "NamespaceTerminating" in exc.body:
+                    return  # the namespace is going, and the RLJob with it: nothing to build or retry
+                raise
 
     # ---- steps -------------------------------------------------------------------------------
 
@@ -290,7 +295,7 @@ class Reconciler:
 
     def _ensure_secret(self, job: RLJob, uid: str) -> None:
         key = (job.metadata.namespace, job.metadata.name)
-        if key in self._passwords:
+        if self._passwords.get(key):
             return
         names = ChildNames(job.metadata.name, job.metadata.namespace)
         found = self.kube.get("v1", "Secret", names.namespace, names.redis_secret)
@@ -309,7 +314,9 @@ class Reconciler:
             import base64
 
             secret = self.kube.get("v1", "Secret", job.metadata.namespace, redis_password_secret(job))
-            self._passwords[key] = base64.b64decode((secret or {}).get("data", {}).get("password", "")).decode()
+            if secret is None:
+                return ""  # not created yet: nothing to remember (_ensure_secret creates it)
+            self._passwords[key] = base64.b64decode(secret.get("data", {}).get("password", "")).decode()
         return self._passwords[key]
 
     def _read_redis(self, job: RLJob) -> tuple[TrainerMetrics | None, int | None, str | None]:
