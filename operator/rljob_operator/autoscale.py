@@ -13,7 +13,8 @@ import math
 from typing import Any
 
 from rljob.config import RolloutSpec
-from rljob.keys import ROLLOUT_GROUP, JobKeys
+from rljob.keys import JobKeys
+from rljob.rollout.streams import backlog_from_groups
 
 
 def desired_replicas(*, current: int, backlog: int | None, spec: RolloutSpec, seconds_since_scale: float | None) -> int:
@@ -26,25 +27,6 @@ def desired_replicas(*, current: int, backlog: int | None, spec: RolloutSpec, se
     if target < current and cooling:
         return min(current, hi)
     return target
-
-
-def backlog_from_groups(groups: list[dict[str, Any]], stream_length: int) -> int:
-    """Lag + pending of the rollout group from XINFO GROUPS.
-
-    Redis reports no lag before 7.0, and none after a deletion it cannot see past (workers delete
-    each prompt as they acknowledge it, so an answered prompt newer than a pending one is enough).
-    Then the stream's length is the backlog: it holds exactly the undelivered and the pending
-    entries.
-    """
-    for group in groups:
-        name = group.get("name")
-        name = name.decode() if isinstance(name, bytes) else name
-        if name == ROLLOUT_GROUP:
-            lag = group.get("lag")
-            if lag is None:
-                return stream_length
-            return int(lag) + int(group.get("pending", 0))
-    return stream_length  # no group yet: nothing has been read
 
 
 def read_backlog(client: Any, keys: JobKeys) -> int:

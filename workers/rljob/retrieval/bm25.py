@@ -143,8 +143,9 @@ def _lowest_ids_on_ties(scores: np.ndarray, top: np.ndarray) -> None:
     with ties at the cut going to the lowest ids, in place. argpartition picks arbitrarily among
     documents tied with the k-th score; such rows are rare, so they are redone one by one."""
     k = top.shape[1]
-    kth = np.take_along_axis(scores, top, axis=1).min(axis=1, keepdims=True)
-    tied_in_top = (np.take_along_axis(scores, top, axis=1) == kth).sum(axis=1)
+    top_scores = np.take_along_axis(scores, top, axis=1)
+    kth = top_scores.min(axis=1, keepdims=True)
+    tied_in_top = (top_scores == kth).sum(axis=1)
     tied_overall = (scores == kth).sum(axis=1)
     for row in np.flatnonzero(tied_overall > tied_in_top):
         above = np.flatnonzero(scores[row] > kth[row, 0])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -180,17 +181,26 @@ def release(client: redis.Redis, held: list[HeldPrompt]) -> None:
             pipe.execute()
 
 
-def pending_prompts(client: redis.Redis, keys: JobKeys) -> int:
-    """Prompts not yet answered: never delivered (lag) plus delivered and unacknowledged.
+def backlog_from_groups(groups: list[dict[str, Any]], stream_length: int) -> int:
+    """Lag + pending of the rollout group from XINFO GROUPS: prompts not yet delivered plus
+    delivered and unacknowledged (the operator's autoscaler counts the same).
 
-    Redis reports the lag as null after an out-of-order deletion (the group's last delivered entry
-    deleted while an older one is still pending); the stream's length is then the backlog, since
-    every acknowledged entry is deleted."""
-    total = 0
-    for stream in (keys.prompts, keys.eval_prompts):
-        for group in client.xinfo_groups(stream):
-            name = _text(group.get("name", b""))
-            if name == ROLLOUT_GROUP:
-                lag = group.get("lag")
-                total += int(client.xlen(stream)) if lag is None else int(group.get("pending") or 0) + int(lag)
-    return total
+    Redis reports no lag before 7.0, and none after a deletion it cannot see past (an answered
+    prompt newer than a pending one is enough, since each is deleted as it is acknowledged). Then
+    the stream's length is the backlog: it holds exactly the undelivered and the pending entries.
+    """
+    for group in groups:
+        if _text(group.get("name", b"")) == ROLLOUT_GROUP:
+            lag = group.get("lag")
+            if lag is None:
+                return stream_length
+            return int(lag) + int(group.get("pending") or 0)
+    return stream_length  # no group yet: nothing has been read
+
+
+def pending_prompts(client: redis.Redis, keys: JobKeys) -> int:
+    """Prompts not yet answered over both streams this worker serves (see `backlog_from_groups`)."""
+    return sum(
+        backlog_from_groups(client.xinfo_groups(stream), int(client.xlen(stream)))
+        for stream in (keys.prompts, keys.eval_prompts)
+    )

@@ -66,9 +66,9 @@ def _default_device(job: RLJob) -> str:
 def _sync(engine: Any, reader: Any, summary: WorkerSummary) -> None:
     # reader.version is None until a first sync: version 0 may differ from the weights loaded at
     # start (a supervised warm-up runs before it is published), so it is applied like any other.
-    # is_current compares publish ids too: after Redis lost its last commit, a republished version
+    # needs_sync compares publish ids too: after Redis lost its last commit, a republished version
     # can carry the number this worker already serves.
-    if reader.latest_version() is not None and not reader.is_current():
+    if reader.needs_sync():
         outcome = engine.sync_weights(reader)
         log.info("weights at version %d (%d tensors, %d bytes)", outcome.version, len(outcome.changed),
                  outcome.bytes_fetched)  # fmt: skip

@@ -79,11 +79,12 @@ class WeightReader:
     def latest_version(self) -> int | None:
         return store.latest_version(self.client, self.keys)
 
-    def is_current(self) -> bool:
-        """Whether the target holds the stored latest version: the same number and the same publish
-        id (one round trip; a number alone can name two versions, see manifest.py)."""
+    def needs_sync(self) -> bool:
+        """Whether a version is published that the target does not hold: another number, or the same
+        number under another publish id (a number alone can name two versions, see manifest.py).
+        One round trip."""
         latest, latest_id = store.latest_with_id(self.client, self.keys)
-        return latest is not None and self.version == latest and self.publish_id == latest_id
+        return latest is not None and (self.version != latest or self.publish_id != latest_id)
 
     def wait_for_version(self, min_version: int, timeout: float) -> int:
         """Block until a version >= `min_version` is committed; returns it. Survives Redis restarts."""

@@ -122,11 +122,8 @@ def committed_versions(client: redis.Redis, keys: JobKeys, low: int = 0, high: i
 
 def read_manifests(client: redis.Redis, keys: JobKeys, versions: list[int]) -> list[tuple[Manifest, int]]:
     """Manifests (with their JSON size) of `versions`; raises if one is missing."""
-    if not versions:
-        return []
-    raws = client.mget([keys.weights_manifest(v) for v in versions])
     out = []
-    for version, raw in zip(versions, raws, strict=True):
+    for version, raw in zip(versions, _raw_manifests(client, keys, versions), strict=True):
         if raw is None:
             raise VersionUnavailableError(f"manifest of weight version {version} is missing from {keys.prefix}")
         out.append((_parse_manifest(raw, version), len(raw)))
@@ -321,8 +318,12 @@ def drop_orphans(client: redis.Redis, keys: JobKeys) -> int:
 
 def read_manifests_present(client: redis.Redis, keys: JobKeys, versions: list[int]) -> list[tuple[Manifest, int]]:
     """`read_manifests` of those of `versions` whose manifest is there (no error for the others)."""
-    raws = client.mget([keys.weights_manifest(v) for v in versions]) if versions else []
+    raws = _raw_manifests(client, keys, versions)
     return [(_parse_manifest(raw, v), len(raw)) for v, raw in zip(versions, raws, strict=True) if raw is not None]
+
+
+def _raw_manifests(client: redis.Redis, keys: JobKeys, versions: list[int]) -> list[bytes | None]:
+    return client.mget([keys.weights_manifest(v) for v in versions]) if versions else []
 
 
 def delete_orphans(client: redis.Redis, keys: JobKeys, candidates: list[tuple[str, int]]) -> int:
