@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +40,17 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def _process_ended(pid: int) -> bool:
+    """Gone, or a zombie waiting for a reaper (in a container, PID 1 may never reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.fixture
+def process_ended() -> Callable[[int], bool]:
+    """Whether a process (not necessarily our child) has ended: Linux's /proc."""
+    return _process_ended

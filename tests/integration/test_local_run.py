@@ -105,6 +105,34 @@ def test_ctrl_c_stops_every_child(tmp_path, tiny_model, started_with_sigint_igno
     assert leftover_processes(str(results)) == []
 
 
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(line) for line in out.split()]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_run_killed_outright_leaves_no_process(tmp_path, tiny_model, process_ended):
+    """kill -9 (or the OOM killer) gives the run no shutdown; its redis-server, rollout worker and
+    trainer, each in a session of its own, ran on for good. Now they end with it."""
+    results = tmp_path / "results"
+    manifest = write_manifest(tmp_path / "job.yaml", tiny_model, total_steps=1000)
+    proc = rljob("run", str(manifest), "--local", "--results", str(results))
+    deadline = time.monotonic() + 300
+    while not (results / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert (results / "metrics.jsonl").exists(), "the run never reached its first step"
+    children = _children(proc.pid)
+    assert len(children) == 3, children  # redis-server, one rollout worker, one trainer
+    proc.kill()
+    proc.wait(timeout=30)
+    proc.stdout.close()  # type: ignore[union-attr]  # the trainer held its write end: no communicate()
+    deadline = time.monotonic() + 30
+    while not all(process_ended(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(process_ended(pid) for pid in children), [pid for pid in children if not process_ended(pid)]
+    assert leftover_processes(str(results)) == []
+
+
 def test_missing_model_is_a_clear_error(tmp_path):
     manifest = write_manifest(tmp_path / "job.yaml", tmp_path / "no-such-model")
     proc = rljob("run", str(manifest), "--local", "--results", str(tmp_path / "results"))

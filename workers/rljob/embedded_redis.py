@@ -14,11 +14,21 @@ import tempfile
 import time
 from pathlib import Path
 
+from rljob.parent_death import guarded
+
 INSTALL_HINT = "install it with: apt-get install -y redis-server (Debian/Ubuntu) or brew install redis"
 
 
 class RedisNotInstalled(RuntimeError):
     pass
+
+
+class _PortTaken(RuntimeError):
+    pass
+
+
+# Ports tried by a server whose port was picked for it, before its start fails.
+_PORT_ATTEMPTS = 5
 
 
 def free_port() -> int:
@@ -44,13 +54,19 @@ class EmbeddedRedis:
         appendonly: bool = False,
         password: str | None = None,
         port: int | None = None,
+        die_with_parent: bool = False,
     ) -> None:
+        """`die_with_parent`: the server gets SIGTERM when the thread that starts it ends, even by
+        SIGKILL (Linux; see rljob.parent_death). Without a `port`, a free one is picked, and
+        another if that one is taken by the time the server binds it (the pick can race)."""
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="rljob-redis-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.appendonly = appendonly
         self.password = password
+        self._pick_port = port is None
         self.port = port or free_port()
+        self.die_with_parent = die_with_parent
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -63,6 +79,16 @@ class EmbeddedRedis:
         otherwise leave the first process running, unowned)."""
         if self.process is not None and self.process.poll() is None:
             return self
+        for attempt in range(_PORT_ATTEMPTS):
+            try:
+                return self._start_once(timeout)
+            except _PortTaken:
+                if not self._pick_port or attempt == _PORT_ATTEMPTS - 1:
+                    raise
+                self.port = free_port()  # someone took the picked port in between: pick again
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> EmbeddedRedis:
         args = [
             find_redis_server(),
             "--bind", "127.0.0.1",
@@ -75,14 +101,23 @@ class EmbeddedRedis:
         ]  # fmt: skip
         if self.password:
             args += ["--requirepass", self.password]
-        log = open(self.workdir / "redis.log", "ab")  # noqa: SIM115 - handed to the child
+        if self.die_with_parent:
+            args = guarded(args, signal.SIGTERM)
+        log_path = self.workdir / "redis.log"
+        logged_before = log_path.stat().st_size if log_path.exists() else 0
+        log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                tail = (self.workdir / "redis.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"redis-server exited with {self.process.returncode}:\n{tail}")
+                code, self.process = self.process.returncode, None
+                with open(log_path, "rb") as f:
+                    f.seek(logged_before)
+                    tail = f.read().decode(errors="replace")[-2000:]
+                if "Address already in use" in tail:
+                    raise _PortTaken(f"port {self.port} is taken")
+                raise RuntimeError(f"redis-server exited with {code}:\n{tail}")
             if self._ping():
                 return self
             time.sleep(0.02)
@@ -90,15 +125,25 @@ class EmbeddedRedis:
         raise TimeoutError(f"redis-server did not answer on port {self.port} within {timeout}s")
 
     def _ping(self) -> bool:
+        """Whether our server answers on the port: the answering process must be ours (a server
+        that lost the port to another one would otherwise pass for up until it exits)."""
+        assert self.process is not None
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
                 if self.password:
                     sock.sendall(f"AUTH {self.password}\r\n".encode())
                     sock.recv(64)
-                sock.sendall(b"PING\r\n")
-                return sock.recv(64).startswith(b"+PONG")
+                sock.sendall(b"INFO server\r\n")
+                reply = b""
+                while b"process_id:" not in reply or not reply.endswith(b"\r\n\r\n"):
+                    data = sock.recv(4096)
+                    if not data:
+                        return False
+                    reply += data
         except OSError:
             return False
+        pid = reply.split(b"process_id:", 1)[1].split(b"\r\n", 1)[0]
+        return pid.strip() == str(self.process.pid).encode()
 
     def kill(self) -> None:
         """SIGKILL, as a crash would: nothing is flushed beyond what AOF already has."""

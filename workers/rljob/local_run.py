@@ -3,7 +3,7 @@
 An embedded redis-server stands in for the managed one; rollout workers and trainer ranks are
 child processes started with exactly the environment the operator renders into pods
 (`rljob rollout`, `rljob train`). Every child is stopped on success, on error and on Ctrl-C, and
-nothing outlives this process.
+nothing outlives this process, even when it is killed outright (Linux).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import yaml
 
 from rljob.config import RLJob
 from rljob.embedded_redis import EmbeddedRedis, free_port
+from rljob.parent_death import guarded
 from rljob.runtime_env import WorkerEnv
 
 
@@ -59,8 +60,10 @@ class LocalRun:
             out = None
         # Workers and trainers take turns on the same cores: idle OpenMP threads must sleep, not spin.
         env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, **env}
+        # A parent killed outright (kill -9, the OOM killer) cannot stop its children: they are
+        # killed with it (rljob.parent_death), as nothing is left to read their work or to serve Redis.
         process = subprocess.Popen(
-            [sys.executable, "-m", "rljob.cli", *args], env=env,
+            guarded([sys.executable, "-m", "rljob.cli", *args], signal.SIGKILL), env=env,
             stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True,
         )  # fmt: skip
         if out:
@@ -74,7 +77,8 @@ class LocalRun:
         self.results_dir.mkdir(parents=True, exist_ok=True)
         config_path = self.results_dir / "job.yaml"
         config_path.write_text(yaml.safe_dump(self.job.model_dump(by_alias=True, mode="json"), sort_keys=False))
-        redis = EmbeddedRedis(self.results_dir / "redis", appendonly=True, password=secrets.token_hex(16))
+        redis = EmbeddedRedis(self.results_dir / "redis", appendonly=True, password=secrets.token_hex(16),
+                              die_with_parent=True)  # fmt: skip
         previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         # Ctrl-C stops the run even where SIGINT came in ignored: a shell starts background jobs
         # (`rljob run ... &`, nohup, some CI runners) with SIGINT ignored, and Python then keeps it so.
