@@ -601,6 +601,61 @@ def test_a_child_the_api_server_refuses_builds_nothing_and_says_why(ops: Ops, ns
     assert ops.status(ns, "denied")["observedGeneration"] > generation
 
 
+GROUP_SIZE_MAXIMUM = (
+    "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/grpo/properties/groupSize/maximum"  # noqa: E501
+)
+
+
+def patch_crd(ops: Ops, op: dict[str, Any]) -> None:
+    ops.cluster.kubectl("patch", "crd", "rljobs.rljob.dev", "--type=json", "-p", json.dumps([op]))
+
+
+def test_a_spec_an_older_crd_lets_through_is_reported_not_built(ops: Ops, ns: str) -> None:
+    """The operator's model is the last word on a spec: where the installed CRD is looser (older
+    than the operator), a running job keeps running on its last valid spec and says why in Ready;
+    a new one fails as InvalidSpec with nothing built, and starts once its spec is fixed."""
+    ops.apply(ns, tiny("loose"))
+    wait_for(lambda: ops.running(ns, "trainer", "loose", 2), timeout=90, what="trainers")
+    trainer_uid = ops.json("get", "job", "loose-trainer", "-n", ns)["metadata"]["uid"]
+    config = ops.json("get", "configmap", "loose-config", "-n", ns)["data"]
+    generation = ops.status(ns, "loose")["observedGeneration"]
+    patch_crd(ops, {"op": "remove", "path": GROUP_SIZE_MAXIMUM})  # the model keeps groupSize <= 256
+    try:
+        too_big = '{"spec":{"grpo":{"groupSize":300}}}'
+        wait_for(lambda: ops.cluster.kubectl("patch", "rljob", "loose", "-n", ns, "--type=merge", "-p", too_big,
+                                             check=False).returncode == 0,
+                 timeout=30, what="the looser CRD in effect")  # fmt: skip
+        wait_for(lambda: ops.condition(ns, "loose", "Ready").get("reason") == "InvalidSpec", timeout=30,
+                 what="InvalidSpec on the running job")  # fmt: skip
+        message = ops.condition(ns, "loose", "Ready")["message"]
+        assert "groupSize" in message and "still running the previous spec" in message, message
+        status = ops.status(ns, "loose")
+        assert status["phase"] == "Running" and status["observedGeneration"] == generation
+        assert ops.json("get", "job", "loose-trainer", "-n", ns)["metadata"]["uid"] == trainer_uid
+        assert ops.json("get", "configmap", "loose-config", "-n", ns)["data"] == config
+        assert len(ops.running(ns, "trainer", "loose", 2) or []) == 2
+
+        ops.apply(ns, tiny("never", grpo={"groupSize": 300}))
+        wait_for(lambda: ops.status(ns, "never").get("phase") == "Failed", timeout=30, what="Failed")
+        failed = ops.condition(ns, "never", "Failed")
+        assert failed["reason"] == "InvalidSpec" and "groupSize" in failed["message"], failed
+        time.sleep(2)
+        assert ops.children(ns, "never") == []
+
+        # Fixed specs: the running job takes it and Ready clears; the failed one starts over.
+        ops.cluster.kubectl("patch", "rljob", "loose", "-n", ns, "--type=merge", "-p",
+                            '{"spec":{"grpo":{"groupSize":4}}}')  # fmt: skip
+        wait_for(lambda: ops.condition(ns, "loose", "Ready").get("reason") != "InvalidSpec", timeout=30,
+                 what="Ready no longer InvalidSpec")  # fmt: skip
+        assert ops.status(ns, "loose")["observedGeneration"] > generation
+        ops.cluster.kubectl("patch", "rljob", "never", "-n", ns, "--type=merge", "-p",
+                            '{"spec":{"grpo":{"groupSize":4}}}')  # fmt: skip
+        wait_for(lambda: ops.running(ns, "trainer", "never", 2), timeout=90, what="the fixed job started")
+        assert ops.status(ns, "never")["phase"] != "Failed"
+    finally:
+        patch_crd(ops, {"op": "add", "path": GROUP_SIZE_MAXIMUM, "value": 256})
+
+
 def test_keda_objects_are_paused_when_the_job_ends_and_removed_when_switched_off(ops: Ops, ns: str) -> None:
     # KEDA's real CRDs (from its pinned Go module, see e2e/cluster/build.sh), so the API server
     # validates what the operator writes; KEDA's controller does not run here, so nothing scales.
