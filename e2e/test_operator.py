@@ -602,7 +602,7 @@ def test_a_child_the_api_server_refuses_builds_nothing_and_says_why(ops: Ops, ns
 
 
 GROUP_SIZE_MAXIMUM = (
-    "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/grpo/properties/groupSize/maximum"  # noqa: E501
+    "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/grpo/properties/groupSize/maximum"
 )
 
 

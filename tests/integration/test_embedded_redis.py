@@ -55,6 +55,16 @@ def test_a_picked_port_taken_before_the_server_binds_it_is_replaced(tmp_path) ->
         assert redis.Redis.from_url(server.url).ping()
 
 
+def test_a_restart_keeps_its_port_or_fails(tmp_path) -> None:
+    """Clients hold the url: a restart whose port was taken meanwhile fails instead of moving."""
+    with EmbeddedRedis(tmp_path / "r") as server:
+        port = server.port
+        server.kill()
+        with _listening_socket(port), pytest.raises(RuntimeError, match=f"port {port} is taken"):
+            server.start()
+        assert server.restart().port == port
+
+
 def test_a_port_given_and_taken_is_an_error_not_another_servers_answer(tmp_path) -> None:
     """A port the caller chose is not replaced; and a server already answering on it is not taken
     for ours (the start checked PONG from whoever answered, so it could report a dead server up)."""

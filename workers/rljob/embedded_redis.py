@@ -58,7 +58,8 @@ class EmbeddedRedis:
     ) -> None:
         """`die_with_parent`: the server gets SIGTERM when the thread that starts it ends, even by
         SIGKILL (Linux; see rljob.parent_death). Without a `port`, a free one is picked, and
-        another if that one is taken by the time the server binds it (the pick can race)."""
+        another if that one is taken by the time the server first binds it (the pick can race);
+        a restart keeps the port, or fails."""
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="rljob-redis-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -81,7 +82,9 @@ class EmbeddedRedis:
             return self
         for attempt in range(_PORT_ATTEMPTS):
             try:
-                return self._start_once(timeout)
+                self._start_once(timeout)
+                self._pick_port = False  # from now on the url is handed out: restarts keep the port
+                return self
             except _PortTaken:
                 if not self._pick_port or attempt == _PORT_ATTEMPTS - 1:
                     raise
