@@ -52,16 +52,20 @@ def test_information_block_titles_and_trims() -> None:
 
 
 class ScriptedEngine(GenerationEngine):
-    """Replays fixed turn texts through a real tokenizer: exercises the loop's bookkeeping."""
+    """Replays fixed turn texts through a real tokenizer: exercises the loop's bookkeeping. A turn
+    given as (text, "eos") ends with the tokenizer's end-of-sequence token, as a model's would."""
 
-    def __init__(self, tokenizer, turns: list[str]):
+    def __init__(self, tokenizer, turns: list[str | tuple[str, str]]):
         self.tokenizer, self.turns, self.calls = tokenizer, turns, []
 
     def generate(self, contexts, params: TurnParams):
         self.calls.append((len(contexts), params))
-        text = self.turns[len(self.calls) - 1]
+        turn = self.turns[len(self.calls) - 1]
+        text, reason = turn if isinstance(turn, tuple) else (turn, "stop")
         ids = self.tokenizer.encode(text, add_special_tokens=False)
-        return [Completion(ids, [-0.5] * len(ids), text, "stop") for _ in contexts]
+        if reason == "eos":
+            ids.append(self.tokenizer.eos_token_id)
+        return [Completion(ids, [-0.5] * len(ids), text, reason) for _ in contexts]
 
     def sync_weights(self, reader):
         raise NotImplementedError
@@ -110,6 +114,45 @@ def test_loop_respects_turn_and_token_budgets(corpus_and_tokenizer) -> None:
     [ep] = run_episodes(engine, retriever, [(questions[1].question, questions[1].answers)], tight)
     assert ep.finish_reason == "length" and len(ep.token_ids) <= tight.max_total_tokens
     assert engine.calls[0][1].max_new_tokens == [8]
+
+
+def test_an_end_of_sequence_without_an_action_ends_the_episode(corpus_and_tokenizer) -> None:
+    """The model's own end-of-sequence token ends its message: the loop used to append a correction
+    after it and ask for another turn, so the trajectory trained tokens past an EOS in mid-sequence
+    (with chat models, every untrained turn)."""
+    questions, retriever, tokenizer = corpus_and_tokenizer
+    q = questions[0]
+    spec = AgentSpec(max_turns=3, format_reward=0.2)
+    engine = ScriptedEngine(tokenizer, [("I think it is Paris.", "eos"), f"<answer> {q.answers[0]} </answer>"])
+    [ep] = run_episodes(engine, retriever, [(q.question, q.answers)], spec)
+    assert ep.finish_reason == "eos" and ep.answer is None and ep.turns == 1 and len(engine.calls) == 1
+    assert ep.token_ids[-1] == tokenizer.eos_token_id and ep.loss_mask[-1] == 1  # ending is an action, trained
+    assert ep.to_trajectory(spec, 0).reward == 0.0
+    # Without EOS, a turn without an action still gets the correction and another turn.
+    engine = ScriptedEngine(tokenizer, ["I think it is Paris.", f"<answer> {q.answers[0]} </answer>"])
+    [ep] = run_episodes(engine, retriever, [(q.question, q.answers)], spec)
+    assert ep.finish_reason == "answer" and ep.turns == 2 and ep.invalid_actions == 1
+
+
+def test_a_last_turn_that_spends_the_token_budget_ends_as_length(corpus_and_tokenizer) -> None:
+    """The same truncation reads the same on the last turn as on any other (it read max_turns)."""
+    questions, retriever, tokenizer = corpus_and_tokenizer
+    q = questions[1]
+    prompt_len = len(prompt_ids(tokenizer, q.question))
+    rambling = " ".join(["words"] * 200)  # no tag, longer than any budget here
+    for max_turns in (1, 2):
+        spec = AgentSpec(max_turns=max_turns, max_total_tokens=prompt_len + 30, max_new_tokens_per_turn=30)
+
+        class Rambling(ScriptedEngine):
+            def generate(self, contexts, params: TurnParams):
+                self.calls.append((len(contexts), params))
+                ids = self.tokenizer.encode(rambling, add_special_tokens=False)
+                return [Completion(ids[:n], [-0.5] * len(ids[:n]), "", "length")
+                        for n in params.max_new_tokens]  # fmt: skip
+
+        [ep] = run_episodes(Rambling(tokenizer, []), retriever, [(q.question, q.answers)], spec)
+        assert len(ep.token_ids) == spec.max_total_tokens
+        assert ep.finish_reason == "length", (max_turns, ep.finish_reason)
 
 
 def test_generate_groups_on_a_tiny_model(corpus_and_tokenizer) -> None:

@@ -1,7 +1,9 @@
 """The multi-turn search loop: batched over every sample of every question, one engine call a turn.
 
 Each turn generates for all unfinished samples at once, answers all of that turn's searches with
-one batched BM25 call, and appends the observations. Tokens are never re-tokenised: a trajectory is
+one batched BM25 call, and appends the observations. A turn without a valid action gets a
+correction and another turn, unless it ended with the model's end-of-sequence token, which ends
+the episode (unanswered: reward 0). Tokens are never re-tokenised: a trajectory is
 prompt ids + generated ids + injected ids, concatenated exactly as the engine saw them, so the
 trainer's teacher-forced log-probs line up with `behaviour_logprobs` token for token.
 """
@@ -83,6 +85,9 @@ def run_episodes(
             ep.finish_reason = "length"
 
     def inject(ep: Episode, text: str, last_turn: bool) -> None:
+        if len(ep.token_ids) >= spec.max_total_tokens:
+            ep.finish_reason = "length"  # the turn used the whole budget, on the last turn as on others
+            return
         if last_turn:
             ep.finish_reason = "max_turns"
             return
@@ -112,6 +117,11 @@ def run_episodes(
             elif action.kind == "search":
                 ep.searches.append(action.content)
                 searching.append(ep)
+            elif out.finish_reason == "eos":
+                # The model ended its message without an action: the episode ends there, unanswered.
+                # Going on would train tokens after its own end-of-sequence, outside the chat format.
+                ep.invalid_actions += 1
+                ep.finish_reason = "eos"
             else:
                 ep.invalid_actions += 1
                 inject(ep, INVALID_ACTION, last_turn)
