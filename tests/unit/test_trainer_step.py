@@ -145,3 +145,32 @@ def test_greedy_rollouts_are_refused_by_the_api_and_the_trainer() -> None:
     assert AgentSpec(temperature=0.05).temperature == 0.05
     with pytest.raises(ValueError, match="temperature"):
         GRPOTrainer(tiny_causal_lm(32), None, _spec(), temperature=0.0)
+
+
+def _llama_with_attention_dropout() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.3)  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+def _gpt2_with_dropout() -> torch.nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=32, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.3, embd_pdrop=0.3, attn_pdrop=0.3)
+    return GPT2LMHeadModel(config)
+
+
+@pytest.mark.parametrize("make", [_llama_with_attention_dropout, _gpt2_with_dropout])
+def test_the_trainer_scores_the_policy_without_dropout(make) -> None:
+    """The engine samples without dropout: the trainer, which stays in train mode (activation
+    checkpointing needs it), must score the same function, or a lag-0 ratio is noise."""
+    torch.manual_seed(0)
+    model = make()
+    ids = torch.randint(0, 32, (2, 12))
+    expected = model.eval()(input_ids=ids).logits
+    trainer = GRPOTrainer(model, None, _spec())
+    assert trainer.model.training
+    for _ in range(2):
+        assert torch.equal(trainer.model(input_ids=ids).logits, expected)

@@ -19,6 +19,7 @@ from rljob.protocol import TrajectoryGroup
 from rljob.trainer.batch import MicroBatch, Sample, collate, micro_batches, shard, trainable_samples
 from rljob.trainer.distributed import Gang, all_reduce_sum, sync_gradients
 from rljob.trainer.loss import aggregate, grpo_token_terms, token_entropy, token_logprobs
+from rljob.trainer.model import disable_dropout
 
 
 @dataclass
@@ -80,6 +81,7 @@ class GRPOTrainer:
         self.temperature = temperature
         self.model = model.to(device=self.device, dtype=torch.float32)
         self.model.train()
+        disable_dropout(self.model)  # the rollout engine samples without it
         if spec.gradient_checkpointing:
             self._enable_checkpointing()
         self.ref_model = ref_model.to(self.device) if ref_model is not None else None

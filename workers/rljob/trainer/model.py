@@ -25,6 +25,28 @@ def load_policy(spec: ModelSpec) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, **kwargs)
 
 
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Switch dropout off in place, keeping train mode; returns how many settings changed.
+
+    The behaviour policy is the engine's model, which runs without dropout; scored with dropout,
+    the trainer's policy is another one, and the clipped ratio, the importance weight and the KL
+    see noise where there is no lag (a reviewer measured |d log p| 0.02 with attention dropout 0.1).
+    Train mode stays on, because transformers checkpoints activations only in train mode. Covers
+    `nn.Dropout` modules and the float `attention_dropout` / `dropout` attributes that Llama-style
+    attention reads when training. SmolLM2, Qwen and Llama ship with dropout 0; GPT-2 does not.
+    """
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout) and module.p != 0.0:
+            module.p, changed = 0.0, changed + 1
+        for name in ("attention_dropout", "dropout"):
+            value = getattr(module, name, None)
+            if isinstance(value, float) and value != 0.0:
+                setattr(module, name, 0.0)
+                changed += 1
+    return changed
+
+
 def pad_token_id_of(model: torch.nn.Module) -> int:
     config = getattr(model, "config", None)
     for attr in ("pad_token_id", "eos_token_id"):
