@@ -653,7 +653,12 @@ def test_a_spec_an_older_crd_lets_through_is_reported_not_built(ops: Ops, ns: st
         wait_for(lambda: ops.running(ns, "trainer", "never", 2), timeout=90, what="the fixed job started")
         assert ops.status(ns, "never")["phase"] != "Failed"
     finally:
-        patch_crd(ops, {"op": "add", "path": GROUP_SIZE_MAXIMUM, "value": 256})
+        # docs/operator.md's upgrade step (helm upgrade leaves CRDs alone): the chart's CRD over the old one.
+        ops.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
+    wait_for(lambda: ops.apply(ns, tiny("after", grpo={"groupSize": 300}), check=False).returncode != 0,
+             timeout=30, what="the chart's CRD in effect again")  # fmt: skip
+    refused = ops.apply(ns, tiny("after", grpo={"groupSize": 300}), check=False)
+    assert "groupSize" in refused.stderr, refused.stderr
 
 
 def test_keda_objects_are_paused_when_the_job_ends_and_removed_when_switched_off(ops: Ops, ns: str) -> None:
