@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import sys
+import types
+
+import pytest
 
 from rljob.assets import hotpotqa_dir
-from rljob.config import DataSpec
-from rljob.data.hotpotqa import build_corpus, load_questions, load_questions_for_spec, parse_question
+from rljob.config import DataSpec, RLJob
+from rljob.data.hotpotqa import build_corpus, hub_location, load_questions, load_questions_for_spec, parse_question
 from rljob.retrieval import build_retriever_for_spec
+from rljob.warmup.sft import job_demonstrations
 
 RECORD = {
     "_id": "q1", "question": " Who? ", "answer": "Ann", "type": "bridge", "level": "easy",
@@ -48,3 +53,32 @@ def test_sample_files_and_spec_corpus() -> None:
     assert len(retriever.passages) == len(build_corpus(train))
     gold = train[0].context[0]
     assert retriever.search(gold.title + " " + gold.text[:200], 3)[0] == gold
+
+
+@pytest.mark.parametrize(
+    ("location", "default", "expected"),
+    [
+        ("hotpotqa/hotpot_qa:train", "validation", ("hotpotqa/hotpot_qa", "train")),
+        ("hotpotqa/hotpot_qa:", "train", ("hotpotqa/hotpot_qa", "train")),
+        (":validation", "train", ("hotpotqa/hotpot_qa", "validation")),
+        ("train", "validation", ("hotpotqa/hotpot_qa", "train")),
+        ("", "validation", ("hotpotqa/hotpot_qa", "validation")),
+    ],
+)
+def test_hub_locations(location: str, default: str, expected: tuple[str, str]) -> None:
+    assert hub_location(location, default) == expected
+
+
+def test_hub_training_questions_never_default_to_the_eval_split(monkeypatch) -> None:
+    """`trainPath: "name:"` (no split) trained on "validation", the eval split, while the warm-up
+    read "train" for the same path. The hub cannot be reached here, so `datasets` is a recorder."""
+    calls: list[tuple[str, str, str]] = []
+    fake = types.ModuleType("datasets")
+    fake.load_dataset = lambda name, config, split: calls.append((name, config, split)) or []  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    spec = DataSpec(source="hub", train_path="hotpotqa/hotpot_qa:", eval_path="hotpotqa/hotpot_qa:")
+    load_questions_for_spec(spec)
+    assert [split for _, _, split in calls] == ["train", "validation"]
+    calls.clear()
+    job_demonstrations(RLJob(spec={"data": spec.model_dump(by_alias=True)}), None, None)
+    assert [split for _, _, split in calls] == ["train"]

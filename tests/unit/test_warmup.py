@@ -163,6 +163,23 @@ def test_warmup_for_job_uses_only_train_questions(tiny_job):
     assert result.examples == 4 and result.steps == 2 and result.records_read == read
 
 
+def test_an_enabled_warmup_without_demonstrations_is_an_error_not_a_silent_skip(tiny_job, caplog):
+    """With turns too short for any demonstration the warm-up did nothing, said nothing, and RL
+    started from the base model as if warmed up (and saved it as the KL reference)."""
+    from rljob.trainer.model import load_policy
+    from rljob.warmup import WarmupError
+
+    cramped = tiny_job.model_copy(deep=True)
+    cramped.spec.agent.max_new_tokens_per_turn = 4
+    with pytest.raises(WarmupError, match="none of the 30 train questions read gave a demonstration"):
+        warmup_for_job(cramped, load_policy(cramped.spec.model), progress=False)
+    greedy = tiny_job.model_copy(deep=True)
+    greedy.spec.warmup.examples = 1000  # more than 30 questions can give
+    with caplog.at_level("WARNING"):
+        result = warmup_for_job(greedy, load_policy(greedy.spec.model), progress=False)
+    assert 0 < result.examples < 1000 and "of the 1000 demonstrations wanted" in caplog.text
+
+
 def test_trainer_hook_warms_up_the_policy_and_its_kl_reference(tiny_job):
     """What `_train` runs on a fresh job before publishing version 0."""
     from rljob.trainer.distributed import Gang
@@ -178,3 +195,18 @@ def test_trainer_hook_warms_up_the_policy_and_its_kl_reference(tiny_job):
     assert any(not torch.equal(before[k], after[k]) for k in before)
     ref = trainer.ref_model.state_dict()
     assert all(torch.equal(ref[k], after[k]) for k in after)
+
+
+def test_an_answer_counts_as_found_only_in_a_passage_itself():
+    """The "Doc 1 (Title: ...)" wrapper made golds like "1", "doc" or "title" always found, so a
+    demonstration could teach reciting an answer the evidence never showed."""
+    from rljob.data.hotpotqa import Passage
+    from rljob.warmup.demonstrations import answer_found
+
+    passages = [Passage("Alpha", "No digits here."), Passage("Beta", "Founded in 1901 by")]
+    for gold in ("1", "doc", "title"):
+        assert not answer_found(gold, passages, 30)
+    assert answer_found("1901", passages, 30) and answer_found("Alpha", passages, 30)
+    assert not answer_found("here Beta", passages, 30)  # not across two passages
+    assert not answer_found("by", passages, 3)  # only what the trimmed text shows
+    assert answer_found("yes", [], 30)

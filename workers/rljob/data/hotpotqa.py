@@ -88,31 +88,46 @@ def load_questions(path: str | Path, limit: int | None = None) -> list[Question]
     return out
 
 
+HUB_DATASET = "hotpotqa/hotpot_qa"
+
+
+def hub_location(location: str, default_split: str) -> tuple[str, str]:
+    """(dataset, split) of a hub path: `name:split`, `:split`, `name:` or `split`; the split a role's
+    own default where none is given ("train" for training questions, "validation" for eval), so an
+    empty split never trains on the evaluation split."""
+    name, _, split = location.rpartition(":")
+    return name or HUB_DATASET, split or default_split
+
+
 def load_questions_from_hub(
-    name: str = "hotpotqa/hotpot_qa", split: str = "validation", config: str = "distractor",
-    limit: int | None = None,
-) -> list[Question]:  # fmt: skip
+    name: str = HUB_DATASET, split: str = "validation", config: str = "distractor", limit: int | None = None
+) -> list[Question]:
     """Questions from the hub with `datasets` (only where a cluster can reach the hub)."""
+    return [parse_question(record) for record in load_hub_records(name, split, config, limit)]
+
+
+def load_hub_records(
+    name: str = HUB_DATASET, split: str = "validation", config: str = "distractor", limit: int | None = None
+) -> list[Mapping[str, Any]]:
+    """The raw hub records (the warm-up builds demonstrations from them)."""
     import datasets  # the `hub` extra (both worker images install it); not needed for local files
 
     dataset = datasets.load_dataset(name, config, split=split)
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
-    return [parse_question(record) for record in dataset]
+    return list(dataset)
 
 
-def _load(source: str, location: str, limit: int | None) -> list[Question]:
+def _load(source: str, location: str, limit: int | None, default_split: str) -> list[Question]:
     if source == "hub":
-        # `name:split` or just a split of the default dataset.
-        name, _, split = location.rpartition(":")
-        return load_questions_from_hub(name or "hotpotqa/hotpot_qa", split or "validation", limit=limit)
+        return load_questions_from_hub(*hub_location(location, default_split), limit=limit)
     return load_questions(location, limit=limit)
 
 
 def load_questions_for_spec(spec: DataSpec) -> tuple[list[Question], list[Question]]:
     """The (train, eval) questions a job uses; train is limited to `max_train_questions`."""
-    train = _load(spec.source, spec.train_path, spec.max_train_questions)
-    evaluation = _load(spec.source, spec.eval_path, None)
+    train = _load(spec.source, spec.train_path, spec.max_train_questions, "train")
+    evaluation = _load(spec.source, spec.eval_path, None, "validation")
     return train, evaluation
 
 

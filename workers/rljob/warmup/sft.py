@@ -7,6 +7,7 @@ Runs on the trainer's rank 0 before version 0 is published, so rollout workers s
 
 from __future__ import annotations
 
+import logging
 import random
 import sys
 import time
@@ -17,9 +18,16 @@ from typing import Any
 import torch
 
 from rljob.config import RLJob, WarmupSpec
+from rljob.data.hotpotqa import hub_location, load_hub_records
 from rljob.trainer.batch import MicroBatch, Sample, collate, micro_batches
 from rljob.trainer.loss import token_logprobs
 from rljob.warmup.demonstrations import Demonstration, build_demonstrations, load_records
+
+log = logging.getLogger(__name__)
+
+
+class WarmupError(ValueError):
+    """An enabled warm-up that cannot run as configured (rather than RL silently starting cold)."""
 
 
 @dataclass
@@ -112,12 +120,8 @@ def job_demonstrations(job: RLJob, tokenizer: Any, retriever: Any) -> tuple[list
     """The job's demonstrations: its training questions only, in a seeded order."""
     data, warm = job.spec.data, job.spec.warmup
     if data.source == "hub":
-        import datasets  # optional, as for rljob.data.hotpotqa.load_questions_from_hub
-
-        name, _, split = data.train_path.rpartition(":")
-        hub = datasets.load_dataset(name or "hotpotqa/hotpot_qa", "distractor", split=split or "train")
-        records: list[Any] = list(hub)
-        records = records[: data.max_train_questions] if data.max_train_questions else records
+        name, split = hub_location(data.train_path, "train")
+        records: list[Any] = load_hub_records(name, split, limit=data.max_train_questions)
     else:
         records = list(load_records(data.train_path, data.max_train_questions))
     random.Random(warm.seed).shuffle(records)
@@ -137,6 +141,17 @@ def warmup_for_job(
     tokenizer = load_tokenizer(job.spec.model)
     retriever, _, _ = build_retriever_for_spec(job.spec.data)
     demos, read = job_demonstrations(job, tokenizer, retriever)
+    wanted = job.spec.warmup.examples
+    if not demos:
+        raise WarmupError(
+            f"spec.warmup is enabled but none of the {read} train questions read gave a demonstration (the gold "
+            "answer must appear in the retrieved passages, and each turn must fit agent.maxNewTokensPerTurn and "
+            "the whole within agent.maxTotalTokens): raise those budgets or data.maxTrainQuestions, or disable "
+            "the warm-up"
+        )
+    if len(demos) < wanted:
+        log.warning("warm-up: %d of the %d demonstrations wanted, from all %d train questions read",
+                    len(demos), wanted, read)  # fmt: skip
     if progress:
         print(f"[warmup] {len(demos)} demonstrations from {read} train questions", file=sys.stderr, flush=True)
     result = run_sft(model, demos, job.spec.warmup, pad_token_id=pad_token_id_of(model), device=device,
