@@ -128,6 +128,7 @@ def test_run_needs_local_and_a_worker(tmp_path: Path, capsys: pytest.CaptureFixt
         (["--checkpoint", "."], "not a trainer checkpoint"),  # a folder without step-N checkpoints
         (["--limit", "0"], "--limit"),
         (["--output", "no/such/folder/out.json"], "--output"),
+        (["--output", "."], "a folder"),  # passed the checks, then failed after the whole evaluation
     ],
 )
 def test_eval_checks_its_paths_before_loading_the_model(
@@ -177,3 +178,24 @@ def test_rljob_eval_scores_by_default_what_the_trainer_evaluates() -> None:
     assert questions_to_score(pool, job, from_file=False, limit=5) == list(range(5))
     assert questions_to_score(pool, job, from_file=True, limit=None) == pool  # a --questions file: whole
     assert questions_to_score(pool, job, from_file=True, limit=40) == list(range(40))
+
+
+def test_rljob_eval_scores_the_weights_the_workers_serve() -> None:
+    """Workers run the bf16 values the weight store publishes; `rljob eval` scored the fp32 base
+    model or fp32 checkpoint masters, and greedy trajectories differed (2 of 16 in a review)."""
+    import torch
+
+    from rljob.evaluate import round_to_served
+    from rljob.trainer.model import tiny_causal_lm
+    from rljob.weights.checksum import bf16_bits
+
+    model = tiny_causal_lm(32)
+    masters = {name: p.detach().clone() for name, p in model.named_parameters()}
+    assert any(not torch.equal(p, p.to(torch.bfloat16).float()) for p in masters.values())
+    storage = [p.data_ptr() for p in model.parameters()]
+    round_to_served(model)
+    assert [p.data_ptr() for p in model.parameters()] == storage  # in place
+    for name, p in model.named_parameters():
+        assert p.dtype == torch.float32
+        assert (bf16_bits(p) == bf16_bits(masters[name])).all()  # the publisher's rounding of the masters
+        assert torch.equal(p, p.to(torch.bfloat16).float())  # exactly bf16 values

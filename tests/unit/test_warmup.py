@@ -14,7 +14,7 @@ from rljob.config import AgentSpec, RLJob, RLJobSpec, WarmupSpec
 from rljob.data.hotpotqa import build_corpus, parse_question
 from rljob.engines.models import save_tiny_model, tiny_random_model, train_tiny_tokenizer
 from rljob.retrieval import Retriever
-from rljob.trainer.batch import collate
+from rljob.trainer.batch import Sample, collate
 from rljob.trainer.loss import token_logprobs
 from rljob.warmup import build_demonstrations, load_records, run_sft, warmup_for_job
 from rljob.warmup.demonstrations import demonstration_for, supporting_titles
@@ -210,3 +210,20 @@ def test_an_answer_counts_as_found_only_in_a_passage_itself():
     assert not answer_found("here Beta", passages, 30)  # not across two passages
     assert not answer_found("by", passages, 3)  # only what the trimmed text shows
     assert answer_found("yes", [], 30)
+
+
+def test_masked_nll_keeps_a_models_own_logit_transform():
+    """The body + head shortcut skipped Granite's logits_scaling, so the warm-up trained another
+    distribution than the one the model samples from."""
+    from transformers import GraniteConfig, GraniteForCausalLM
+
+    torch.manual_seed(0)
+    shape = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
+    config = GraniteConfig(**shape, num_attention_heads=4, num_key_value_heads=2, logits_scaling=8.0, pad_token_id=0)
+    model = GraniteForCausalLM(config).eval()
+    ids, mask = list(range(3, 20)), [0] * 8 + [1] * 9
+    mb = collate([Sample(ids, mask, [0.0] * len(ids), 1.0, 0)], 0)
+    nll, count = masked_nll(model, mb)
+    with torch.no_grad():
+        logp = token_logprobs(model(input_ids=mb.input_ids).logits[:, :-1], mb.targets)
+    assert count == 9 and float(nll.detach()) == pytest.approx(float(-(logp * mb.mask).sum()), rel=1e-5)

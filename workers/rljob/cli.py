@@ -133,6 +133,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise BadInput(f"--checkpoint {args.checkpoint}: not a trainer checkpoint (step-N) or a folder of them")
     if args.limit is not None and args.limit < 1:
         raise BadInput(f"--limit must be at least 1, not {args.limit}")
+    if args.output and Path(args.output).is_dir():
+        raise BadInput(f"--output {args.output}: a folder; give the path of the JSON file to write")
     if args.output and not Path(args.output).resolve().parent.is_dir():
         raise BadInput(f"--output {args.output}: its folder does not exist")
     from rljob.evaluate import evaluate_cli

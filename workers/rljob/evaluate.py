@@ -76,6 +76,22 @@ def load_checkpoint_weights(path: str | Path) -> dict[str, Any]:
     return load_checkpoint(chosen).trainer["model"]
 
 
+def round_to_served(model: Any) -> None:
+    """Round the weights to the bf16 values the weight store serves, in place.
+
+    Rollout workers run what the trainer publishes (bf16 values, also in an fp32 model), and the
+    trainer's evaluations run on them; scoring the fp32 base model or fp32 checkpoint masters
+    instead changed greedy trajectories (2 of 16 in a reviewer's run), so `rljob eval` numbers were
+    not the trainer's. Round to nearest even, as the publisher.
+    """
+    import torch
+
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dtype != torch.bfloat16:
+                param.copy_(param.to(torch.bfloat16))
+
+
 def questions_to_score(questions: list[Any], job: Any, *, from_file: bool, limit: int | None) -> list[Any]:
     """Which questions `rljob eval` scores: a `--questions` file whole, else the ones the trainer's
     evaluations score (the first `eval.questions` of the job's eval set), so the two compare; then
@@ -103,6 +119,7 @@ def evaluate_cli(args: argparse.Namespace) -> int:
         missing, unexpected = engine.model.load_state_dict(weights, strict=False)
         if unexpected or [m for m in missing if "lm_head" not in m]:
             raise SystemExit(f"checkpoint does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    round_to_served(engine.model)
     result = evaluate_engine(engine, retriever, questions, job.spec.agent)
     result["checkpoint"] = str(args.checkpoint) if args.checkpoint else "untrained"
     print(json.dumps(result))

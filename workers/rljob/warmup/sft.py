@@ -50,16 +50,24 @@ def as_sample(demo: Demonstration) -> Sample:
     return Sample(demo.token_ids, demo.loss_mask, [0.0] * len(demo.token_ids), 1.0, 0)
 
 
+# Model types whose forward computes logits as `lm_head(last hidden state)` and nothing more
+# (checked in transformers' modeling code); SmolLM2 is "llama".
+_PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "gpt2"})
+
+
 def masked_nll(model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, int]:
     """(sum of -log p over the micro-batch's loss tokens, their count).
 
-    The vocabulary projection is applied only where the loss is taken (a fraction of the tokens:
-    the rest is prompt and retrieved text), which saves most of its cost on a large vocabulary.
+    For model families whose logits are the plain head of the last hidden state, the vocabulary
+    projection is applied only where the loss is taken (a fraction of the tokens: the rest is
+    prompt and retrieved text), which saves most of its cost on a large vocabulary. Others take the
+    full forward: many transform the logits in their own forward (Granite's logits_scaling,
+    Cohere's logit_scale, Gemma 2's soft-capping), which the body and head alone would skip.
     """
     body = getattr(model, getattr(model, "base_model_prefix", ""), None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    capped = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
-    if body is None or head is None or body is model or capped:
+    plain = getattr(getattr(model, "config", None), "model_type", None) in _PLAIN_HEAD_MODELS
+    if body is None or head is None or body is model or not plain:
         out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
         logp = token_logprobs(out.logits[:, :-1, :], mb.targets)
         return -(logp * mb.mask).sum(), int(mb.mask.sum())
