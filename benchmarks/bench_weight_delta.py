@@ -35,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import threading
 import time
@@ -185,14 +186,15 @@ def settle(tensors: dict[str, torch.Tensor]) -> None:
 
 def decode_apply_seconds(
     client, keys: JobKeys, version: int, base: dict[str, torch.Tensor]
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, list[float]]:
     """Time decode+apply+change-sum check of one delta into bf16 tensors (fetch excluded), the
     best of `DECODE_TRIES` runs, each into a fresh copy of `base`: wall and CPU seconds (one
-    thread; on a shared machine CPU time is what "one core" delivers); and the wall time of the
-    SHA-256 window check after the last run."""
+    thread; on a shared machine CPU time is what "one core" delivers); the wall time of the
+    SHA-256 window check after the last run (not part of decode+apply); and every run's wall time."""
     manifest = store.read_manifests(client, keys, [version])[0][0]
     payload = store.read_payload(client, manifest)
     best_wall = best_cpu = math.inf
+    walls: list[float] = []
     for _ in range(DECODE_TRIES):
         targets = {n: t.clone() for n, t in base.items()}
         started, cpu = time.perf_counter(), time.thread_time()
@@ -208,10 +210,11 @@ def decode_apply_seconds(
                     enc = EncodedDelta.from_meta(entry.encoding, view[entry.offset : entry.offset + entry.length])
                     assert format_sum(apply_delta(targets[entry.name], enc)) == entry.change_sum
         settle(targets)
-        best_wall, best_cpu = min(best_wall, time.perf_counter() - started), min(best_cpu, time.thread_time() - cpu)
+        walls.append(time.perf_counter() - started)
+        best_wall, best_cpu = min(best_wall, walls[-1]), min(best_cpu, time.thread_time() - cpu)
     started = time.perf_counter()
     verify_checksums(targets, manifest, [entry.name for entry in manifest.tensors if entry.checksum])
-    return best_wall, best_cpu, time.perf_counter() - started
+    return best_wall, best_cpu, time.perf_counter() - started, walls
 
 
 def measure_full(client, named: dict[str, torch.Tensor], readers: int, shadows, tries: int = 1) -> dict[str, float]:
@@ -254,11 +257,16 @@ def record(kind: str, label: str, m: dict, numel: int, full_bytes: int, full: di
         "kind": result.kind,
         "changed_fraction": result.changed / numel,
         "bytes_per_changed_value": result.payload_bytes / changed,
+        # The manifest too (tensor entries and the stream's metadata): every reader fetches it.
+        "bytes_per_changed_value_with_manifest": result.bytes / changed,
         "delta_pct_of_full": 100.0 * result.payload_bytes / full_bytes,
         "plain_pct_of_full": 100.0 * PLAIN_BYTES_PER_CHANGE * result.changed / full_bytes,
         "size_vs_plain": result.payload_bytes / (PLAIN_BYTES_PER_CHANGE * changed),
         "encode_gbps": model_bytes / min(t["result"].encode_seconds for t in tries) / 1e9,
         "decode_apply_gbps": model_bytes / min(t["dec"] for t in tries) / 1e9,
+        # Every run of every version of the row, not only the best: the machine is noisy.
+        "decode_apply_gbps_median": model_bytes / statistics.median(w for t in tries for w in t["dec_all"]) / 1e9,
+        "decode_apply_runs": sum(len(t["dec_all"]) for t in tries),
         "decode_apply_cpu_gbps": model_bytes / min(t["dec_cpu"] for t in tries) / 1e9,
         "verify_gbps": model_bytes / m["ver"] / 1e9 if m["ver"] else None,
         "publish_s": min(t["pub_s"] for t in tries),
@@ -275,6 +283,8 @@ def record(kind: str, label: str, m: dict, numel: int, full_bytes: int, full: di
         # CPU seconds of this process (publisher + 1 reader; redis-server not counted), same ratio.
         "cpu_speedup_1_reader": full[1]["cpu_s"] / cpu1 if full else None,
         "encodings": result.encodings,
+        "lossless": all(t["lossless"] for t in tries),  # every reader, after every version of the row
+        "clean_syncs": all(t["clean"] for t in tries),  # no reader recovered or fell back to a full
     }
     full4 = f" / {full[4]['latency_s']:.3f}s" if full and 4 in full else ""
     log(f"  {label}: changed {row['changed_fraction'] * 100:.3f}%  {row['bytes_per_changed_value']:.2f} B/change  "
@@ -287,16 +297,28 @@ def record(kind: str, label: str, m: dict, numel: int, full_bytes: int, full: di
     return row
 
 
-def publish_and_sync(publisher, named, one: Readers, four: Readers | None, keys, client, base) -> dict:
+def publish_and_sync(publisher, named, one: Readers, four: Readers | None, keys, client, base,
+                     truth: dict[str, np.ndarray]) -> dict:  # fmt: skip
+    """Publish one version, sync every reader, time it; then check every reader against `truth`
+    (the trainer's values cast to bf16, or the sweep's bits). A reader that applied the delta
+    wrongly would still end right by refetching a full (its change sum catches it), so "clean"
+    also requires that no reader recovered from an error or took a full it was not sent."""
     started, cpu = time.perf_counter(), time.process_time()
     result = publisher.publish(named)
     pub_s, pub_cpu = time.perf_counter() - started, time.process_time() - cpu
-    sync1, res1, sync1_cpu = one.sync()
-    sync4 = four.sync()[0] if four else None
-    assert all(r.version == result.version for r in res1)
-    dec, dec_cpu, ver = decode_apply_seconds(client, keys, result.version, base)
+    sync1, results, sync1_cpu = one.sync()
+    sync4 = None
+    if four:
+        sync4, res4, _ = four.sync()
+        results = results + res4
+    assert all(r.version == result.version for r in results)
+    clean = all(not r.recovered_from and (result.kind == "full" or not r.took_full) for r in results)
+    readers = one.shadows + (four.shadows if four else [])
+    lossless = all(np.array_equal(bf16_bits(s[n], exact=True), truth[n]) for s in readers for n in truth)
+    dec, dec_cpu, ver, dec_all = decode_apply_seconds(client, keys, result.version, base)
     return {"result": result, "pub_s": pub_s, "lat1": pub_s + sync1, "lat4": pub_s + sync4 if sync4 else None,
-            "dec": dec, "dec_cpu": dec_cpu, "ver": ver, "sync1": sync1, "cpu1": pub_cpu + sync1_cpu}  # fmt: skip
+            "dec": dec, "dec_cpu": dec_cpu, "dec_all": dec_all, "ver": ver, "sync1": sync1,
+            "cpu1": pub_cpu + sync1_cpu, "lossless": lossless, "clean": clean}  # fmt: skip
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -338,7 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps (full mode)")
     parser.add_argument("--reps", type=int, default=2, help="versions per sweep density (best latency kept)")
     parser.add_argument("--decode-tries", type=int, default=3, help="decode+apply runs per version (best kept)")
-    parser.add_argument("--out", default="docs/results/weight_delta", help="path stem for .json and .png")
+    parser.add_argument("--out", default=None,
+                        help="path stem for .json and .png (default docs/results/weight_delta; with --quick "
+                             "weight_delta_quick there, so a quick run never replaces the full results)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--weight-threads", type=int, default=default_threads(),
                         help="threads of each publisher and reader (default: the usable cores)")  # fmt: skip
@@ -390,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
         full = None
         if not args.quick:
             log("baseline (a): full safetensors sync through the same store ...")
-            full = {1: measure_full(client, named, 1, shadows, tries=2), 4: measure_full(client, named, 4, shadows)}
+            full = {1: measure_full(client, named, 1, shadows, tries=2),
+                    4: measure_full(client, named, 4, shadows, tries=2)}  # fmt: skip
             for n, f in full.items():
                 log(f"  full, {n} reader(s): publish {f['publish_s']:.2f}s, sync {f['sync_s']:.2f}s, "
                     f"{f['bytes'] / 1e6:.0f} MB")  # fmt: skip
@@ -417,16 +442,13 @@ def main(argv: list[str] | None = None) -> int:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 log(f"  step {step}: {time.perf_counter() - started:.1f}s")
-                m = publish_and_sync(publisher, named, one, four, keys, client, base)
+                truth = {n: bf16_bits(p) for n, p in named.items()}
+                m = publish_and_sync(publisher, named, one, four, keys, client, base, truth)
                 assert m["result"].kind == "delta", m["result"].reason
                 rows.append(record("adamw-1e-6", f"step {step + 1}", m, numel, full_bytes, full, [m]))
-                ref = {n: bf16_bits(p) for n, p in named.items()}
                 rows[-1]["per_tensor_bytes_per_changed_value"] = per_tensor_bytes(
-                    [bf16_bits(base[n]) for n in ref], list(ref.values())
+                    [bf16_bits(base[n]) for n in truth], list(truth.values())
                 ) / max(m["result"].changed, 1)
-                rows[-1]["lossless"] = all(
-                    np.array_equal(bf16_bits(s[n], exact=True), ref[n]) for s in shadows for n in ref
-                )
 
         # 2. Synthetic density sweep on the model's bf16 values, published from fp32 (or bf16) tensors.
         sweep_names = list(named)
@@ -458,19 +480,16 @@ def main(argv: list[str] | None = None) -> int:
         sub_full = full
         if args.quick:
             sub_full = {1: measure_full(client, as_source(bits, shapes), 1, sub_shadows, tries=2),
-                        4: measure_full(client, as_source(bits, shapes), 4, sub_shadows)}  # fmt: skip
+                        4: measure_full(client, as_source(bits, shapes), 4, sub_shadows, tries=2)}  # fmt: skip
         rng = np.random.default_rng(0)
         for density in DENSITIES:
             tries = []
             for _ in range(reps):
                 base = {n: t.clone() for n, t in sub_shadows[0].items()}
                 bits = nudge(bits, density, rng)
-                tries.append(publish_and_sync(spub, as_source(bits, shapes), sone, sfour, skeys, client, base))
+                tries.append(publish_and_sync(spub, as_source(bits, shapes), sone, sfour, skeys, client, base, bits))
             m = tries[-1]
             rows.append(record("synthetic", f"{density * 100:g}%", m, sweep_numel, sfull, sub_full, tries))
-            rows[-1]["lossless"] = all(
-                np.array_equal(bf16_bits(s[n], exact=True), bits[n]) for s in sub_shadows for n in sweep_names
-            )
             # Overwrite-only values (no ulp coding), size only.
             plain_values = overwrite_only_bytes(
                 [bf16_bits(base[n]) for n in sweep_names], [bits[n] for n in sweep_names]
@@ -491,6 +510,10 @@ def main(argv: list[str] | None = None) -> int:
     real_rows = [r for r in rows if r["workload"] == "adamw-1e-6"]
     targets = {
         "lossless_every_version": all(r["lossless"] for r in rows),
+        "no_reader_recovered_or_fell_back": all(r["clean_syncs"] for r in rows),
+        "max_bytes_per_change_with_manifest_0.5_to_1pct": max(
+            r["bytes_per_changed_value_with_manifest"] for r in at_half_to_one
+        ),
         "max_bytes_per_change_0.5_to_1pct": max(r["bytes_per_changed_value"] for r in at_half_to_one),
         "bytes_per_change_target_2.5_met": all(r["bytes_per_changed_value"] <= 2.5 for r in at_half_to_one),
         "overwrite_only_bytes_per_change_0.5_to_1pct": max(
@@ -502,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
         "reader_side_speedup_at_1pct": at_one[0]["reader_speedup_1"] if at_one else None,
         "cpu_speedup_vs_full_at_1pct_1_reader": at_one[0]["cpu_speedup_1_reader"] if at_one else None,
         "decode_apply_gbps_by_row": {f"{r['workload']} {r['label']}": r["decode_apply_gbps"] for r in rows},
+        "decode_apply_gbps_median_by_row": {
+            f"{r['workload']} {r['label']}": r["decode_apply_gbps_median"] for r in rows
+        },
         "min_decode_apply_gbps_0.5_to_1pct": min(r["decode_apply_gbps"] for r in at_half_to_one),
         "decode_apply_1gbps_met_0.5_to_1pct": all(r["decode_apply_gbps"] >= 1.0 for r in at_half_to_one),
         "decode_apply_1gbps_met_every_row": all(r["decode_apply_gbps"] >= 1.0 for r in rows),
@@ -532,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": targets,
         "seconds": time.perf_counter() - t_start,
     }
-    out = Path(args.out)
+    out = Path(args.out or ("docs/results/weight_delta_quick" if args.quick else "docs/results/weight_delta"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(summary, indent=2))
     plot(rows, out.with_suffix(".png"))

@@ -108,7 +108,10 @@ def main() -> None:
             base_runs, head_runs = [], []
             script = REPO if args.same_script else None
             for i in range(args.pairs):
-                for side, where, runs in (("base", tree, base_runs), ("head", REPO, head_runs)):
+                # Base first in even pairs, head first in odd ones (base, head, head, base, ...): a
+                # drift of the machine over the chain then weighs on both sides alike.
+                sides = [("base", tree, base_runs), ("head", REPO, head_runs)]
+                for side, where, runs in sides if i % 2 == 0 else sides[::-1]:
                     progress(f"pair {i + 1}/{args.pairs}: {side} ({base_sha[:10] if side == 'base' else 'checkout'})")
                     runs.append(run_bench(where, Path(scratch) / f"{side}_{i}", bench_args, script))
         finally:

@@ -28,6 +28,8 @@ def test_weight_delta_quick_through_the_torch_find_path(tmp_path):
     assert summary["find_on"] == "tensor" and summary["device"] == "cpu"
     targets = summary["targets"]
     assert targets["lossless_every_version"]
+    # A reader that decoded wrongly ends right all the same, through a full: that must not pass.
+    assert targets["no_reader_recovered_or_fell_back"]
     assert targets["bytes_per_change_target_2.5_met"]
     assert (tmp_path / "wd.png").stat().st_size > 0 and (tmp_path / "wd.json").exists()
 
@@ -36,7 +38,7 @@ def test_weight_delta_quick_on_random_weights_of_the_same_shapes(tmp_path):
     """`--weights random` is what scripts/device_checks.sh runs on a GPU machine (no model file there)."""
     summary = run_benchmark("bench_weight_delta.py", "--quick", "--weights", "random", "--out", str(tmp_path / "wd"))
     assert "random init" in summary["model"] and summary["numel"] == 134_515_008
-    assert summary["targets"]["lossless_every_version"]
+    assert summary["targets"]["lossless_every_version"] and summary["targets"]["no_reader_recovered_or_fell_back"]
 
 
 def test_weight_pass_runs(tmp_path):
