@@ -18,7 +18,11 @@ same store, measured in the same run, and (b) the plain coding of an int32 posit
 value per change (6 bytes). Latencies are the best of `--reps` versions (and the full baseline the
 best of two), because the machine is shared; decode+apply the best of `--decode-tries` runs into
 fresh copies of the readers' tensors per version (a real AdamW step is one version, and one run
-of it swung 0.76-1.20 GB/s between two benchmark runs of the same code); CPU seconds of this
+of it swung 0.76-1.20 GB/s between two benchmark runs of the same code), with the median of every
+run beside it. After every version every reader is compared with the truth (`lossless`), and no
+reader may have recovered from an error or fallen back to a full (`clean_syncs`: a wrong delta
+decode would otherwise pass, healed by a full). Bytes per change are given for the payload and
+with the manifest. CPU seconds of this
 process (publisher + readers, not redis-server) are recorded beside them as a load-independent
 view. Progress on stdout; the JSON summary is the last line. Readers run as threads of this
 process (numpy releases the GIL for the heavy work). The publisher and each reader spread their
