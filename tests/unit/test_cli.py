@@ -182,7 +182,7 @@ def test_rljob_eval_scores_by_default_what_the_trainer_evaluates() -> None:
 
 def test_rljob_eval_scores_the_weights_the_workers_serve() -> None:
     """Workers run the bf16 values the weight store publishes; `rljob eval` scored the fp32 base
-    model or fp32 checkpoint masters, and greedy trajectories differed (2 of 16 in a review)."""
+    model or fp32 checkpoint masters, whose greedy trajectories can differ."""
     import torch
 
     from rljob.evaluate import round_to_served

@@ -119,7 +119,7 @@ def test_loop_respects_turn_and_token_budgets(corpus_and_tokenizer) -> None:
 def test_an_end_of_sequence_without_an_action_ends_the_episode(corpus_and_tokenizer) -> None:
     """The model's own end-of-sequence token ends its message: the loop used to append a correction
     after it and ask for another turn, so the trajectory trained tokens past an EOS in mid-sequence
-    (with chat models, every untrained turn)."""
+    (an untrained chat model ends most turns so)."""
     questions, retriever, tokenizer = corpus_and_tokenizer
     q = questions[0]
     spec = AgentSpec(max_turns=3, format_reward=0.2)

@@ -81,8 +81,8 @@ def round_to_served(model: Any) -> None:
 
     Rollout workers run what the trainer publishes (bf16 values, also in an fp32 model), and the
     trainer's evaluations run on them; scoring the fp32 base model or fp32 checkpoint masters
-    instead changed greedy trajectories (2 of 16 in a reviewer's run), so `rljob eval` numbers were
-    not the trainer's. Round to nearest even, as the publisher.
+    instead can change greedy trajectories, so `rljob eval` numbers would not be the trainer's.
+    Round to nearest even, as the publisher.
     """
     import torch
 
