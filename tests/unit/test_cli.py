@@ -6,6 +6,7 @@ fail the test if reached, so each case also proves the error comes before any mo
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -124,6 +125,8 @@ def test_run_needs_local_and_a_worker(tmp_path: Path, capsys: pytest.CaptureFixt
     ("extra", "needle"),
     [
         (["--questions", "missing.jsonl"], "--questions"),
+        (["--questions", "empty.jsonl"], "holds no questions"),  # fell back to the job's eval set
+        (["--questions", "broken.jsonl"], "not HotpotQA"),
         (["--checkpoint", "missing-dir"], "--checkpoint"),
         (["--checkpoint", "."], "not a trainer checkpoint"),  # a folder without step-N checkpoints
         (["--limit", "0"], "--limit"),
@@ -136,8 +139,13 @@ def test_eval_checks_its_paths_before_loading_the_model(
 ) -> None:
     path = _manifest(tmp_path)
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.jsonl").write_text("\n")
+    (tmp_path / "broken.jsonl").write_text('{"question": "no answer or context"\n')
     code, err = _run_main(["eval", str(path), *extra], capsys)
     assert code == 2 and err.startswith("rljob eval: ") and needle in err, err
+
+
+QUESTION = {"_id": "q1", "question": "Who?", "answer": "Ann", "context": [["A", ["Ann did."]]]}
 
 
 def test_eval_with_good_input_reaches_the_evaluation(
@@ -147,7 +155,7 @@ def test_eval_with_good_input_reaches_the_evaluation(
     step = tmp_path / "ckpt" / "step-00000002"
     step.mkdir(parents=True)
     (step / "meta.json").write_text("{}")
-    (tmp_path / "q.jsonl").write_text("")
+    (tmp_path / "q.jsonl").write_text(json.dumps(QUESTION) + "\n")
     seen: list[Any] = []
     monkeypatch.setattr(rljob.evaluate, "evaluate_cli", lambda args: seen.append(args) or 0)
     argv = ["eval", str(path), "--checkpoint", str(tmp_path / "ckpt"), "--questions", str(tmp_path / "q.jsonl"),

@@ -55,6 +55,28 @@ def test_sample_files_and_spec_corpus() -> None:
     assert retriever.search(gold.title + " " + gold.text[:200], 3)[0] == gold
 
 
+@pytest.mark.parametrize("corpus_from", ["train", "train+eval"])
+def test_extra_eval_questions_join_the_corpus_as_the_eval_set_does(tmp_path, corpus_from: str) -> None:
+    """`rljob eval --questions FILE`: under train+eval the file's paragraphs are searchable (its
+    questions' evidence was missing from the corpus before); under train they stay held out."""
+    folder = hotpotqa_dir()
+    spec = DataSpec(train_path=str(folder / "train.jsonl"), eval_path=str(folder / "dev.jsonl"),
+                    max_train_questions=20, corpus_from=corpus_from)  # fmt: skip
+    own = {**RECORD, "_id": "own", "context": [["Zyxwv Quokka", ["The quokka zyxwv lives on Rottnest."]]]}
+    (tmp_path / "own.jsonl").write_text(json.dumps(own) + "\n")
+    extra = load_questions(tmp_path / "own.jsonl")
+    retriever, _, evaluation = build_retriever_for_spec(spec, extra_eval=extra)
+    without, _, _ = build_retriever_for_spec(spec)
+    hits = retriever.search("zyxwv quokka", 3)
+    if corpus_from == "train+eval":
+        assert hits and hits[0] == extra[0].context[0]
+        assert len(retriever.passages) == len(without.passages) + 1
+    else:
+        assert extra[0].context[0] not in retriever.passages
+        assert len(retriever.passages) == len(without.passages)
+    assert len(evaluation) == 300  # the job's eval set is unchanged either way
+
+
 @pytest.mark.parametrize(
     ("location", "default", "expected"),
     [

@@ -127,8 +127,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # Everything the evaluation will read or write is checked here, before the model loads (minutes
     # for a large one), so a typo fails at once rather than after loading or, for --output, at the end.
     load_job(args.file)
-    if args.questions and not Path(args.questions).is_file():
-        raise BadInput(f"--questions {args.questions}: no such file")
+    if args.questions:
+        _check_questions_file(args.questions)
     if args.checkpoint and not (Path(args.checkpoint).is_dir() and _has_checkpoint(Path(args.checkpoint))):
         raise BadInput(f"--checkpoint {args.checkpoint}: not a trainer checkpoint (step-N) or a folder of them")
     if args.limit is not None and args.limit < 1:
@@ -140,6 +140,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rljob.evaluate import evaluate_cli
 
     return evaluate_cli(args)
+
+
+def _check_questions_file(path: str) -> None:
+    """An existing HotpotQA file whose first record parses (an empty file used to fall back, silently,
+    to the job's eval set)."""
+    if not Path(path).is_file():
+        raise BadInput(f"--questions {path}: no such file")
+    from rljob.data.hotpotqa import load_questions
+
+    try:
+        first = load_questions(path, limit=1)
+    except (ValueError, KeyError, TypeError) as error:
+        raise BadInput(f"--questions {path}: not HotpotQA JSON or JSON Lines ({error})") from error
+    if not first:
+        raise BadInput(f"--questions {path}: holds no questions")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -110,8 +110,9 @@ def evaluate_cli(args: argparse.Namespace) -> int:
     from rljob.runtime_env import resolve_bundled
 
     job = resolve_bundled(load_rljob(args.file))
-    retriever, _, eval_questions = build_retriever_for_spec(job.spec.data)
-    questions = load_questions(args.questions, limit=args.limit) if args.questions else eval_questions
+    from_file = load_questions(args.questions, limit=args.limit) if args.questions else []
+    retriever, _, eval_questions = build_retriever_for_spec(job.spec.data, extra_eval=from_file)
+    questions = from_file if args.questions else eval_questions
     questions = questions_to_score(questions, job, from_file=bool(args.questions), limit=args.limit)
     engine = load_engine(job.spec.model, "hf", "cuda" if torch.cuda.is_available() else "cpu")
     if args.checkpoint:

@@ -36,8 +36,15 @@ class Retriever:
         return self.search_batch([query], k)[0]
 
 
-def build_retriever_for_spec(spec: DataSpec) -> tuple[Retriever, list[Question], list[Question]]:
-    """The job's retriever (corpus from train, or train+eval questions) and its questions."""
+def build_retriever_for_spec(
+    spec: DataSpec, extra_eval: Sequence[Question] = ()
+) -> tuple[Retriever, list[Question], list[Question]]:
+    """The job's retriever (corpus from train, or train+eval questions) and its questions.
+
+    `extra_eval`: questions evaluated besides the job's eval set (`rljob eval --questions FILE`).
+    Under ``train+eval`` their paragraphs join the corpus as the eval set's do, so the agent can
+    find their evidence; under ``train`` they stay out, as the eval set's do.
+    """
     train, evaluation = load_questions_for_spec(spec)
-    corpus_questions = train + evaluation if spec.corpus_from == "train+eval" else train
+    corpus_questions = [*train, *evaluation, *extra_eval] if spec.corpus_from == "train+eval" else train
     return Retriever.from_questions(corpus_questions), train, evaluation
