@@ -87,10 +87,17 @@ def started_members(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> i
     )
 
 
+def gang_size(job: dict[str, Any], default: int) -> int:
+    """Members of the gang this Job runs: its own parallelism, not the spec's replicas, which may
+    already ask for a different gang (a spec change not yet rolled out)."""
+    return int(job.get("spec", {}).get("parallelism") or default)
+
+
 def gang_failure(
     job: dict[str, Any], pods: list[dict[str, Any]], spec_replicas: int, timeout: float, now: float
 ) -> tuple[str, str] | None:
-    """(reason, message) when the gang must be restarted, else None."""
+    """(reason, message) when the gang must be restarted, else None. `spec_replicas` is only the
+    fallback when the Job does not say how many members it has."""
     cond = _job_condition(job, "Failed", "FailureTarget")
     if cond:
         return "TrainerFailed", f"trainer Job failed: {cond.get('reason', '')} {cond.get('message', '')}".strip()
@@ -99,11 +106,12 @@ def gang_failure(
             return "TrainerFailed", f"trainer pod {pod['metadata']['name']} failed"
     if job.get("spec", {}).get("suspend"):
         return None
+    members = gang_size(job, spec_replicas)
     started = parse_time(job.get("status", {}).get("startTime") or job["metadata"].get("creationTimestamp"))
-    if started is not None and now - started > timeout and started_members(job, pods) < spec_replicas:
+    if started is not None and now - started > timeout and started_members(job, pods) < members:
         return (
             "GangScheduleTimeout",
-            f"only {started_members(job, pods)}/{spec_replicas} trainers started after {int(timeout)}s",
+            f"only {started_members(job, pods)}/{members} trainers started after {int(timeout)}s",
         )
     return None
 
@@ -120,6 +128,10 @@ def decide_trainer(
     if tj is not None:
         if _job_condition(tj, "Complete", "SuccessCriteriaMet"):
             return TrainerDecision("succeeded", "TrainerSucceeded", "the trainer gang finished")
+        # A gang on an outdated spec is replaced whatever state it is in, and that is not a
+        # failure: judged against the new spec (more replicas, say) it would look like one.
+        if tj["metadata"].get("annotations", {}).get(ANNOTATION_TRAINER_HASH) != trainer_hash(job):
+            return TrainerDecision("delete", "SpecChanged", "trainer inputs changed: restarting the gang")
         spec = job.spec.trainer
         failure = gang_failure(tj, obs.trainer_pods, spec.replicas, spec.schedule_timeout_seconds, now)
         if failure:
@@ -134,8 +146,6 @@ def decide_trainer(
                     uid,
                 )
             return TrainerDecision("restart", failure[0], failure[1], uid)
-        if tj["metadata"].get("annotations", {}).get(ANNOTATION_TRAINER_HASH) != trainer_hash(job):
-            return TrainerDecision("delete", "SpecChanged", "trainer inputs changed: restarting the gang")
         return TrainerDecision("apply")
     last = parse_time(prev.last_restart_time)
     if last is not None and now < last + backoff(prev.restarts):

@@ -16,6 +16,7 @@ from rljob_operator.status import (
     compute_status,
     decide_trainer,
     failed_reason,
+    gang_failure,
     held_status,
     iso,
 )
@@ -173,6 +174,27 @@ def test_spec_change_restarts_gang_without_counting() -> None:
     changed = make(grpo={"learningRate": 1e-3})
     decision = decide_trainer(changed, RLJobStatus(), Observed(trainer_job=running), NOW, backoff)
     assert decision.action == "delete" and decision.reason == "SpecChanged" and decision.failed_uid is None
+
+
+def test_more_replicas_on_a_long_running_gang_is_a_spec_change_not_a_failure() -> None:
+    # A gang of 2, running for an hour (far past the schedule timeout); the spec now asks for 4.
+    # Judged against the new spec it would be "2/4 started": a counted failure, and with
+    # restartLimit 0 a Failed job. It is a spec change: replaced, not counted.
+    old, new = make(trainer={"replicas": 2}, restartLimit=0), make(trainer={"replicas": 4}, restartLimit=0)
+    running = trainer_job(old, started=NOW - 3600)
+    running["spec"]["parallelism"] = 2
+    obs = Observed(trainer_job=running, trainer_pods=[pod("a", "Running"), pod("b", "Running")])
+    prev = RLJobStatus(phase="Running")
+    decision = decide_trainer(new, prev, obs, NOW, backoff)
+    assert (decision.action, decision.reason, decision.failed_uid) == ("delete", "SpecChanged", None)
+    st = compute_status(new, 2, prev, obs, decision, 1, None, None, NOW)
+    assert st.phase == "Pending" and st.restarts == 0 and cond(st, "Failed").status == "False"
+    # The schedule timeout counts the members the Job runs, not the ones the spec asks for.
+    assert gang_failure(running, obs.trainer_pods, 4, 60, NOW) is None
+    assert gang_failure(running, obs.trainer_pods[:1], 4, 60, NOW) == (
+        "GangScheduleTimeout",
+        "only 1/2 trainers started after 60s",
+    )
 
 
 def test_suspended_and_preflight_phases() -> None:
