@@ -292,6 +292,9 @@ def test_invalid_manifests_are_rejected_naming_the_field(ops: Ops, ns: str) -> N
         assert needle in result.stderr, f"{change}: {result.stderr}"
     long_name = ops.apply(ns, tiny("x" * 41), check=False)
     assert long_name.returncode != 0 and "metadata.name must be at most 40" in long_name.stderr
+    for name in ("qwen2.5-grpo", "7b-run"):  # valid resource names, but not valid Service names
+        refused = ops.apply(ns, tiny(name), check=False)
+        assert refused.returncode != 0 and "metadata.name must start with a lowercase letter" in refused.stderr
     assert len(set(messages)) == len(INVALID)
     assert ops.json("get", "rljobs", "-n", ns)["items"] == []
 

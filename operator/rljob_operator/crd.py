@@ -27,6 +27,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = f"{PLURAL}.{API_GROUP}.yaml"
 CRD_PATHS = (REPO_ROOT / "crds" / CRD_FILE, REPO_ROOT / "charts" / "rljob" / "crds" / CRD_FILE)
 MAX_NAME_LENGTH = 40  # children append suffixes such as "-trainer-1023" and must stay DNS labels
+# Children's names extend the RLJob's: Services must be DNS-1035 labels (a letter first, no dots),
+# and the trainer pods' subdomain a DNS-1123 label. An RLJob name is only a DNS-1123 subdomain.
+NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 # Keys a structural schema keeps, in the order they are written (readable diffs).
 # `additionalProperties: false` is not allowed beside `properties`; unknown fields are refused by
@@ -166,7 +169,12 @@ def build_crd() -> dict[str, Any]:
             cel(
                 f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
                 f"metadata.name must be at most {MAX_NAME_LENGTH} characters (children's names extend it)",
-            )
+            ),
+            cel(
+                f"self.metadata.name.matches('{NAME_PATTERN}')",
+                "metadata.name must start with a lowercase letter and contain only lowercase letters, digits "
+                "and '-' (no dots; it names the job's Services)",
+            ),
         ],
     }
     return {

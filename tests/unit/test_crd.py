@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import pytest
 import yaml
 
-from rljob_operator.crd import CRD_PATHS, build_crd, main, render_crd_yaml
+from rljob.config import RLJob
+from rljob_operator.crd import CRD_PATHS, NAME_PATTERN, build_crd, main, render_crd_yaml
+from rljob_operator.render import RenderPlan, render_children
 
 
 def _schema() -> dict[str, Any]:
@@ -74,3 +78,26 @@ def test_status_and_printer_columns() -> None:
 def test_yaml_is_deterministic() -> None:
     assert render_crd_yaml() == render_crd_yaml()
     assert yaml.safe_load(render_crd_yaml())["metadata"]["name"] == "rljobs.rljob.dev"
+
+
+DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # what the API server wants of a Service name
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-grpo", "7b-run", "-x", "x-", "Tiny"])
+def test_names_that_would_make_invalid_children_are_refused(name: str) -> None:
+    # Each is a valid DNS-1123 subdomain (a legal custom resource name, but for the upper case),
+    # yet a Service named after it is refused: the CRD must refuse the RLJob at `kubectl apply`.
+    rules = [r["rule"] for r in _schema()["x-kubernetes-validations"]]
+    assert f"self.metadata.name.matches('{NAME_PATTERN}')" in rules
+    assert not re.search(NAME_PATTERN, name)
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen25-grpo", "run-7b", "a"])
+def test_names_the_crd_accepts_make_valid_children(name: str) -> None:
+    assert re.search(NAME_PATTERN, name)
+    job = RLJob.model_validate({"metadata": {"name": name, "namespace": "ns"}, "spec": {}})
+    children = render_children(job, RenderPlan(uid="u", rollout_replicas=1))
+    services = [c["metadata"]["name"] for c in children if c["kind"] == "Service"]
+    assert services and all(DNS1035_LABEL.match(s) for s in services), services
+    trainer = next(c for c in children if c["kind"] == "Job")
+    assert DNS1035_LABEL.match(trainer["spec"]["template"]["spec"]["subdomain"])
