@@ -459,7 +459,7 @@ def test_a_version_is_one_stream_over_all_tensors(redis_client):
     result = publisher.publish(trainer.model)
     manifest = store.read_manifests(redis_client, KEYS, [result.version])[0][0]
     after = trainer.bits()
-    assert manifest.format == 4 and manifest.kind == "delta"
+    assert manifest.format == 5 and manifest.kind == "delta"
     assert manifest.stream is not None and manifest.stream["count"] == manifest.changed == result.changed > 0
     assert manifest.stream["numel"] == manifest.numel == sum(b.size for b in after.values())
     assert re.fullmatch(r"[0-9a-f]{16}", manifest.change_sum or "")
@@ -513,7 +513,7 @@ def test_a_manifest_from_a_newer_publisher_gives_a_clear_error(redis_client):
     raw = json.loads(redis_client.get(KEYS.weights_manifest(0)))
     raw |= {"format": 99, "a_field_from_the_future": 1}
     redis_client.set(KEYS.weights_manifest(0), json.dumps(raw))
-    with pytest.raises(store.ManifestFormatError, match="format 99; this reader knows up to 4"):
+    with pytest.raises(store.ManifestFormatError, match="format 99; this reader knows up to 5"):
         WeightReader(redis_client, KEYS).sync({})
     redis_client.set(KEYS.weights_manifest(0), b"{not json")
     with pytest.raises(store.ManifestFormatError, match="manifest of weight version 0 is invalid"):
@@ -612,8 +612,7 @@ def test_a_delta_on_a_version_the_store_lost_is_refused_and_the_publisher_recove
     publisher.publish(trainer.model)
     trainer.step()
     publisher.publish(trainer.model)  # v1, then lost:
-    store.drop_versions(redis_client, KEYS, [1])
-    redis_client.set(KEYS.weights_latest, 0)
+    lose_the_last_commit(redis_client)
     trainer.step()
     with pytest.raises(VersionConflictError, match="BASE"):
         publisher.publish(trainer.model, version=2)
@@ -716,3 +715,126 @@ def test_a_chunk_that_stays_corrupt_is_answered_by_a_re_export_of_the_same_versi
     assert (result.version, result.kind) == (2, "delta")
     assert reader.sync(model).versions_applied == [2]
     assert_holds(model, trainer.bits())
+
+
+def sparse_weights(seed: int = 0) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {f"t{i}": torch.randn(16384, generator=generator) for i in range(4)}
+
+
+def bumped(weights: dict[str, torch.Tensor], low: int, high: int) -> dict[str, torch.Tensor]:
+    """A copy with the values at model-wide positions [low, high) moved: a change so sparse that
+    neither the change sum (only where a delta writes) nor one SHA-256 window sees the rest."""
+    out = {name: t.clone() for name, t in weights.items()}
+    for position in range(low, high):
+        out[f"t{position // 16384}"][position % 16384] += 1.0
+    return out
+
+
+def bits_of(weights: dict[str, torch.Tensor]) -> Bits:
+    return {name: bf16_bits(t).copy() for name, t in weights.items()}
+
+
+def lose_the_last_commit(client: redis.Redis) -> None:
+    """What a Redis restarted from an AOF without its last second holds: version 0 as latest."""
+    v0_id = store.read_manifests(client, KEYS, [0])[0][0].publish_id
+    store.drop_versions(client, KEYS, [1])
+    client.mset({KEYS.weights_latest: 0, KEYS.weights_latest_id: v0_id})
+
+
+def test_a_reader_holding_a_lost_version_does_not_apply_the_next_delta_onto_it(redis_client):
+    # The reader holds v1 (X); Redis loses it; the restarted trainer publishes another v1 (Y) and a
+    # v2 on Y. By number alone, v2 "builds on" what the reader holds: it applied it onto X and
+    # reported v2, with values nobody published (a format-5 manifest names its base's publish id).
+    options = {"rebase_interval": 100, "rebase_fraction": 100.0}
+    first, weights = publisher_for(redis_client, **options), sparse_weights()
+    first.publish(weights)
+    first.publish(bumped(weights, 20000, 20100))  # X
+    reader, shadow = WeightReader(redis_client, KEYS), {}
+    assert reader.sync(shadow).version == 1
+    lose_the_last_commit(redis_client)
+    restarted = publisher_for(redis_client, **options)
+    other = bumped(weights, 30000, 30100)
+    restarted.publish(other)  # Y
+    newest = bumped(other, 40000, 40100)
+    assert restarted.publish(newest).kind == "delta"
+    result = reader.sync(shadow)
+    assert_holds(shadow, bits_of(newest))
+    assert (result.version, result.took_full) == (2, True) and not reader.needs_sync()
+    manifest = store.read_manifests(redis_client, KEYS, [2])[0][0]
+    assert manifest.base_publish_id == store.read_manifests(redis_client, KEYS, [1])[0][0].publish_id
+
+
+def test_the_old_trainer_cannot_commit_a_delta_on_its_lost_version(redis_client):
+    # Redis lost v1 (X); the restarted trainer republished v1 (Y); the old trainer, still alive
+    # with X as its baseline, published v2 as a delta on "1": the commit compared numbers only, and
+    # every reader ended on a v2 that was neither trainer's model.
+    options = {"rebase_interval": 100, "rebase_fraction": 100.0}
+    old, weights = publisher_for(redis_client, **options), sparse_weights()
+    old.publish(weights)
+    lost = bumped(weights, 20000, 20100)
+    old.publish(lost)
+    lose_the_last_commit(redis_client)
+    publisher_for(redis_client, **options).publish(bumped(weights, 30000, 30100))  # Y
+    mine = bumped(lost, 50000, 50100)
+    with pytest.raises(VersionConflictError, match=r"publish \w+ of version 1, which the store no longer holds"):
+        old.publish(mine)
+    assert store.committed_versions(redis_client, KEYS) == [0, 1]
+    assert old.publish(mine).version == 2  # re-reads the store first: a delta on the stored v1
+    shadow = {}
+    assert WeightReader(redis_client, KEYS).sync(shadow).version == 2
+    assert_holds(shadow, bits_of(mine))
+
+
+def test_a_lost_manifest_of_an_old_version_jams_neither_readers_nor_the_publisher(redis_client):
+    # A retained version's manifest vanished (evicted under an allkeys-* maxmemory policy, or
+    # lost) while its number stayed in the versions set. Retention read every manifest strictly
+    # and raised after the full had committed, on every publish from then on; and a reader taking
+    # a full read every manifest from version 0, so it failed on it even after a new full.
+    weights = sparse_weights()
+    publisher = publisher_for(redis_client, rebase_interval=8, rebase_fraction=100.0)
+    for step in range(3):  # v0 full, v1 and v2 deltas
+        weights = bumped(weights, step, step + 1)
+        publisher.publish(weights)
+    redis_client.delete(KEYS.weights_manifest(1))
+    with pytest.raises(WeightStoreError, match="asked the publisher for a new full export"):
+        WeightReader(redis_client, KEYS).sync({})  # v2 cannot be reached without v1: rightly so
+    weights = bumped(weights, 100, 101)
+    result = publisher.publish(weights)  # the full the reader asked for; retention raised here
+    assert (result.version, result.kind) == (3, "full")
+    assert store.committed_versions(redis_client, KEYS) == [3]
+    redis_client.zadd(KEYS.weights_versions, {"1": 1})  # as if retention had not run: still listed
+    weights = bumped(weights, 200, 201)
+    assert publisher.publish(weights).version == 4
+    fresh = {}
+    assert WeightReader(redis_client, KEYS).sync(fresh).version == 4  # reads only 3 and 4
+    assert_holds(fresh, bits_of(weights))
+
+
+def test_a_lost_manifest_of_the_latest_version_lets_a_new_publisher_go_on_with_a_full(redis_client):
+    weights = sparse_weights()
+    publisher_for(redis_client).publish(weights)
+    weights = bumped(weights, 0, 10)
+    publisher_for(redis_client).publish(weights)
+    redis_client.delete(KEYS.weights_manifest(1))
+    restarted = publisher_for(redis_client)
+    assert restarted.resume() == 1  # the numbering goes on past the unreadable version
+    weights = bumped(weights, 10, 20)
+    result = restarted.publish(weights)
+    assert (result.version, result.kind) == (2, "full")
+    shadow = {}
+    assert WeightReader(redis_client, KEYS).sync(shadow).version == 2
+    assert_holds(shadow, bits_of(weights))
+
+
+def test_a_version_of_more_chunks_than_lua_unpacks_at_once_commits(redis_client):
+    # The commit script checked its chunks with one EXISTS over all of them: past about 8000 keys
+    # Lua's unpack fails, so a large model (or a small chunk size) could never publish, and the
+    # error came out as a raw redis.ResponseError.
+    weights = {"w": torch.randn(4_200_000, generator=torch.Generator().manual_seed(0))}  # 8.4 MB of bf16
+    publisher = publisher_for(redis_client, chunk_bytes=1024)
+    result = publisher.publish(weights)
+    assert result.kind == "full" and len(store.read_manifests(redis_client, KEYS, [0])[0][0].chunks) > 8000
+    shadow = {}
+    assert WeightReader(redis_client, KEYS).sync(shadow).version == 0
+    assert_holds(shadow, bits_of(weights))

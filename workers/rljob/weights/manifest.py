@@ -10,6 +10,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# 5: `base_publish_id`, a delta's base by identity, not by number alone: after Redis loses its last
+#    commit and a restarted trainer publishes that number again, neither a reader holding the lost
+#    version nor the old trainer (still alive, publishing on it) may build on it. Formats 1-4 read
+#    as "" (not checked).
 # 4: `publish_id`, a random id per publish: after Redis loses its last commit (AOF fsyncs every
 #    second) and a restarted trainer publishes the same number again, a reader that held the lost
 #    version can tell it is not the stored one. Formats 1-3 read as publish id "".
@@ -19,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 #    per tensor (`stream` None, per-entry `encoding` and `change_sum`, as format 2).
 # 2: deltas carry `change_sum` and SHA-256 only over a rotating `check_range` (format 1: whole
 #    tensors, every version). A reader of format 3 reads formats 1 and 2 too.
-MANIFEST_FORMAT = 4
+MANIFEST_FORMAT = 5
 
 
 class ChunkRef(BaseModel):
@@ -68,6 +72,7 @@ class Manifest(BaseModel):
     changed: int = Field(0, ge=0)
     created_at: float
     publish_id: str = Field("", description="Random per publish: tells apart two versions of the same number.")
+    base_publish_id: str = Field("", description="Delta only: the publish id of the version it applies to.")
     chunks: list[ChunkRef]
     tensors: list[TensorEntry]
     stream: dict[str, Any] | None = Field(

@@ -159,6 +159,8 @@ class WeightPublisher:
         self._local = threading.local()  # per-thread reused cast buffer
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._last: Manifest | None = None
+        # The stored latest version when its manifest could not be read back (numbering goes on).
+        self._unreadable_latest: int | None = None
 
     @classmethod
     def from_spec(cls, redis_client: redis.Redis, keys: JobKeys, spec: WeightSyncSpec) -> WeightPublisher:
@@ -175,13 +177,14 @@ class WeightPublisher:
 
     @property
     def latest_version(self) -> int | None:
-        return None if self._last is None else self._last.version
+        return self._unreadable_latest if self._last is None else self._last.version
 
     @property
     def next_version(self) -> int:
         if not self._resumed:
             self.resume()
-        return 0 if self._last is None else self._last.version + 1
+        latest = self.latest_version
+        return 0 if latest is None else latest + 1
 
     def resume(self) -> int | None:
         """Continue from what Redis holds: read the latest version back as the baseline.
@@ -191,7 +194,7 @@ class WeightPublisher:
         store.drop_orphans(self.client, self.keys)
         store.apply_retention(self.client, self.keys)
         self._set_baseline(None)
-        self._shapes, self._last = {}, None
+        self._shapes, self._last, self._unreadable_latest = {}, None, None
         latest = store.latest_version(self.client, self.keys)
         if latest is not None:
             shadow: dict[str, torch.Tensor] = {}
@@ -199,9 +202,10 @@ class WeightPublisher:
             try:
                 result = reader.sync(shadow)
             except WeightStoreError as exc:
-                # The stored chain is unreadable: continue the numbering, start over with a full.
+                # The stored chain is unreadable: continue the numbering, start over with a full
+                # (with no baseline, the next publish is one).
                 log.warning("weight publisher could not read version %d back (%s); next is a full", latest, exc)
-                self._last = store.read_manifests(self.client, self.keys, [latest])[0][0]
+                self._unreadable_latest = latest
             else:
                 self._set_baseline({name: bf16_bits(t).copy() for name, t in shadow.items()})
                 self._shapes = {name: tuple(t.shape) for name, t in shadow.items()}
@@ -267,7 +271,7 @@ class WeightPublisher:
         self._shapes, self._last = shapes, manifest
         if manifest.kind == "full":
             self.client.delete(self.keys.weights_rebase)
-            store.apply_retention(self.client, self.keys)
+            self._retain()
         write_seconds = time.perf_counter() - started
 
         encodings = delta.encodings() if delta is not None and not reason else {}
@@ -283,6 +287,14 @@ class WeightPublisher:
             encodings=encodings,
             reason=reason,
         )
+
+    def _retain(self) -> None:
+        """Retention after a committed full. The version has landed whatever happens here, so a
+        failure is logged, not raised (the publish did not fail), and the next full retries."""
+        try:
+            store.apply_retention(self.client, self.keys)
+        except (WeightStoreError, redis.RedisError) as exc:
+            log.warning("weight retention failed after a commit (the next full retries): %s", exc)
 
     def _write_and_commit(self, payload: bytes, manifest: Manifest, *, replace: bool = False) -> int:
         """Write the chunks under a fresh publish id, then commit (see store.commit); a refused
@@ -324,7 +336,7 @@ class WeightPublisher:
         if stale:  # the replaced manifest's chunks (a reader still fetching them retries on the full)
             self.client.delete(*stale)
         self.client.delete(self.keys.weights_rebase)
-        store.apply_retention(self.client, self.keys)
+        self._retain()
         log.warning("re-exported weight version %d as a full: a reader asked (%s)", old.version,
                     requested.decode(errors="replace")[:200])  # fmt: skip
         return PublishResult(
@@ -523,6 +535,7 @@ class WeightPublisher:
             version=version,
             kind="delta",
             base_version=self._last.version,
+            base_publish_id=self._last.publish_id,
             full_version=self._last.full_version,
             chain_length=self._last.chain_length + 1,
             chain_bytes=previous_chain + len(payload),

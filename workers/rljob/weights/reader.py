@@ -50,6 +50,12 @@ RECOVERABLE = (store.MissingChunkError, store.CorruptChunkError, ChecksumMismatc
                VersionUnavailableError, DeltaFormatError)  # fmt: skip
 
 
+def _same_publish(base_id: str, held_id: str) -> bool:
+    """Whether a delta's base publish id names the held publish; "" (a format before 4 or 5 on
+    either side) cannot tell, and is taken as the same, as those formats did."""
+    return not base_id or not held_id or base_id == held_id
+
+
 class WeightLayoutError(WeightStoreError):
     """The target's tensor names or shapes do not match the published ones (not recoverable)."""
 
@@ -162,13 +168,15 @@ class WeightReader:
             self.version = None
         if self.version == latest and not force_full:
             return SyncResult(version=latest)
-        low = 0 if (self.version is None or force_full) else self.version + 1
-        versions = store.committed_versions(self.client, self.keys, low, latest)
-        manifests = store.read_manifests(self.client, self.keys, versions)
-        nbytes = sum(size for _, size in manifests)
-        chain = self._delta_chain(manifests, latest) if not force_full else None
+        chain, read = None, []
+        if self.version is not None and not force_full:
+            # Only the versions after ours; one whose manifest is gone makes a gap the chain check sees.
+            versions = store.committed_versions(self.client, self.keys, self.version + 1, latest)
+            read = store.read_manifests_present(self.client, self.keys, versions)
+            chain = self._delta_chain(read, latest)
         if chain is None:
-            chain = self._from_newest_full(manifests, latest)
+            chain = self._from_newest_full(read, latest)
+        nbytes = sum(size for _, size in read)
         result = SyncResult(version=latest, bytes_fetched=nbytes)
         changed: dict[str, None] = {}
         for manifest in chain:
@@ -190,12 +198,17 @@ class WeightReader:
         """The deltas from the held version to `latest`, or None when a full is the way."""
         if self.version is None or not manifests:
             return None
-        chain, base = [], self.version
+        chain, base, base_id = [], self.version, self.publish_id
         for manifest, _ in manifests:
             if manifest.kind != "delta" or manifest.base_version != base:
                 return None  # a rebase happened, or a gap: the deltas we need are not there
+            if not _same_publish(manifest.base_publish_id, base_id):
+                # Built on another publish of that number (Redis lost the one we hold): no base here.
+                log.warning("weight delta %d builds on another publish of version %d; taking a full",
+                            manifest.version, base)  # fmt: skip
+                return None
             chain.append(manifest)
-            base = manifest.version
+            base, base_id = manifest.version, manifest.publish_id
         if base != latest:
             return None
         # Too far behind: the deltas weigh more than the full they build on.
@@ -203,22 +216,28 @@ class WeightReader:
             return None
         return chain
 
-    def _from_newest_full(self, manifests: list[tuple[Manifest, int]], latest: int) -> list[Manifest]:
-        by_version = {m.version: m for m, _ in manifests}
-        newest = by_version.get(latest)
-        if newest is None:
-            raise VersionUnavailableError(f"weight version {latest} vanished while syncing")
-        full_version = newest.full_version
-        if full_version not in by_version:
-            extra = store.read_manifests(self.client, self.keys, [full_version])
-            by_version[full_version] = extra[0][0]
+    def _from_newest_full(self, read: list[tuple[Manifest, int]], latest: int) -> list[Manifest]:
+        """The newest full and the deltas after it up to `latest`, reading only those manifests
+        (older versions are none of a reader's business, and one of them may be gone). `read` holds
+        the manifests read so far; those read here are added to it."""
+        by_version = {m.version: m for m, _ in read}
+
+        def fetch(versions: list[int]) -> None:
+            for manifest, size in store.read_manifests(self.client, self.keys, sorted(set(versions) - set(by_version))):
+                by_version[manifest.version] = manifest
+                read.append((manifest, size))
+
+        fetch([latest])
+        full_version = by_version[latest].full_version
+        fetch([full_version, *store.committed_versions(self.client, self.keys, full_version, latest)])
         chain = [by_version[full_version]]
         for version in sorted(v for v in by_version if full_version < v <= latest):
             chain.append(by_version[version])
         for prev, nxt in itertools.pairwise(chain):
-            if nxt.base_version != prev.version:
+            if nxt.base_version != prev.version or not _same_publish(nxt.base_publish_id, prev.publish_id):
                 raise VersionUnavailableError(
-                    f"delta {nxt.version} builds on {nxt.base_version}, but the store has {prev.version}"
+                    f"delta {nxt.version} builds on {nxt.base_version} (publish {nxt.base_publish_id or '?'}), "
+                    f"but the store has {prev.version} (publish {prev.publish_id or '?'})"
                 )
         if chain[0].kind != "full":
             raise VersionUnavailableError(f"version {full_version} named as a full export is a {chain[0].kind}")

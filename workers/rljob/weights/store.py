@@ -36,8 +36,10 @@ from rljob.weights.manifest import MANIFEST_FORMAT, ChunkRef, Manifest
 _BATCH_BYTES = 64 * 1024 * 1024
 
 # KEYS: latest, manifest, versions, events, latest_id, then the version's chunk keys.
-# ARGV: version, manifest JSON, base version of a delta ('' for a full), publish id, and
-# 'replace' to re-export the latest version under its own number ('' otherwise).
+# ARGV: version, manifest JSON, base version of a delta ('' for a full), publish id, 'replace' to
+# re-export the latest version under its own number ('' otherwise), and the publish id of a delta's
+# base ('' for a full, or from a publisher before manifest format 5: not checked).
+# The chunks are checked for in slices: Lua's unpack takes at most about 8000 values.
 _COMMIT = """
 local current = redis.call('GET', KEYS[1])
 if ARGV[5] == 'replace' then
@@ -51,8 +53,15 @@ if ARGV[3] ~= '' and (not current or tonumber(current) ~= tonumber(ARGV[3])) the
   return redis.error_reply('BASE delta ' .. ARGV[1] .. ' builds on ' .. ARGV[3] .. ', but latest is ' ..
     (current or 'none'))
 end
+if ARGV[3] ~= '' and ARGV[6] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[6] then
+  return redis.error_reply('BASE delta ' .. ARGV[1] .. ' builds on publish ' .. ARGV[6] .. ' of version ' ..
+    ARGV[3] .. ', which the store no longer holds')
+end
 if #KEYS > 5 then
-  local present = redis.call('EXISTS', unpack(KEYS, 6))
+  local present = 0
+  for first = 6, #KEYS, 1000 do
+    present = present + redis.call('EXISTS', unpack(KEYS, first, math.min(first + 999, #KEYS)))
+  end
   if present ~= #KEYS - 5 then
     return redis.error_reply('CHUNKS ' .. (#KEYS - 5 - present) .. ' of the ' .. (#KEYS - 5) ..
       ' chunks of version ' .. ARGV[1] .. ' are missing')
@@ -207,9 +216,10 @@ def commit(client: redis.Redis, keys: JobKeys, manifest: Manifest, *, replace: b
     """Atomically publish a manifest whose chunks are written; returns its size in bytes.
 
     Refused (nothing changes) when the version is not newer than `latest` or a delta's base is not
-    `latest` (VersionConflictError), or when a chunk it names is gone (MissingChunkError). With
-    `replace`, the manifest takes the place of the latest version's own (same number, a full of the
-    same values: a re-export) and must be for exactly that version."""
+    `latest`, by number or (format 5) by publish id (VersionConflictError), or when a chunk it
+    names is gone (MissingChunkError). With `replace`, the manifest takes the place of the latest
+    version's own (same number, a full of the same values: a re-export) and must be for exactly
+    that version."""
     raw = manifest.to_json()
     base = "" if manifest.kind == "full" or manifest.base_version is None else str(manifest.base_version)
     chunk_keys = [ref.key for ref in manifest.chunks]
@@ -228,6 +238,7 @@ def commit(client: redis.Redis, keys: JobKeys, manifest: Manifest, *, replace: b
             base,
             manifest.publish_id,
             "replace" if replace else "",
+            manifest.base_publish_id if base else "",
         )
     except redis.ResponseError as exc:
         message = str(exc)
@@ -235,7 +246,7 @@ def commit(client: redis.Redis, keys: JobKeys, manifest: Manifest, *, replace: b
             raise VersionConflictError(message) from exc
         if message.startswith("CHUNKS"):
             raise MissingChunkError(message) from exc
-        raise
+        raise WeightStoreError(f"Redis refused the commit of weight version {manifest.version}: {message}") from exc
     return len(raw)
 
 
@@ -257,18 +268,18 @@ def drop_versions(client: redis.Redis, keys: JobKeys, versions: Iterable[int]) -
 
 
 def apply_retention(client: redis.Redis, keys: JobKeys) -> int:
-    """Keep the newest full export and the deltas after it; drop every older version."""
+    """Keep the newest full export and the deltas after it; drop every older version, and any
+    version whose manifest is gone (evicted or lost: nobody can read it, and reading it strictly
+    here jammed every later publish)."""
     versions = committed_versions(client, keys)
     if not versions:
         return 0
-    newest_full = None
-    for manifest, _ in reversed(read_manifests(client, keys, versions)):
-        if manifest.kind == "full":
-            newest_full = manifest.version
-            break
-    if newest_full is None:
-        return 0
-    return drop_versions(client, keys, [v for v in versions if v < newest_full])
+    present = read_manifests_present(client, keys, versions)
+    readable = {manifest.version for manifest, _ in present}
+    fulls = [manifest.version for manifest, _ in present if manifest.kind == "full"]
+    newest_full = max(fulls) if fulls else None
+    doomed = [v for v in versions if v not in readable or (newest_full is not None and v < newest_full)]
+    return drop_versions(client, keys, doomed)
 
 
 _VERSION_KEY = re.compile(rb":weights:v(\d+):")
