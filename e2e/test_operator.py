@@ -100,7 +100,8 @@ def ops(cluster, tmp_path_factory) -> Iterator[Ops]:
     )
     kubeconfig = cluster.kubeconfig_for_serviceaccount(OP_NS, SA)
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    operator = OperatorProcess(kubeconfig, log).start()
+    # Deleted children are looked for every 2 s instead of every minute, so a test sees them back soon.
+    operator = OperatorProcess(kubeconfig, log, extra_env={"RLJOB_CHILD_CHECK_SECONDS": "2"}).start()
     try:
         yield Ops(cluster, operator)
     finally:
@@ -398,6 +399,60 @@ def test_trainer_failure_restarts_whole_gang_and_counts_once(ops: Ops, ns: str) 
     assert {p["metadata"]["uid"] for p in ops.running(ns, "rollout", "gang", 1) or []} == rollout_before
     reasons = ops.cluster.kubectl("get", "events", "-n", ns, "-o", "jsonpath={.items[*].reason}").stdout
     assert "GangRestart" in reasons
+
+
+def test_deleted_children_come_back(ops: Ops, ns: str) -> None:
+    ops.apply(ns, tiny("heal"))
+    wait_for(lambda: ops.running(ns, "trainer", "heal", 2), timeout=90, what="trainers")
+    gone = [("service", "heal-trainer"), ("configmap", "heal-config"), ("service", "heal-redis"),
+            ("networkpolicy", "heal-redis")]  # fmt: skip
+    uids = {}
+    for kind, name in gone:
+        uids[kind, name] = ops.json("get", kind, name, "-n", ns)["metadata"]["uid"]
+        ops.cluster.kubectl("delete", kind, name, "-n", ns)
+
+    def back() -> bool:
+        found = {(kind, name): ops.json("get", kind, name, "-n", ns) for kind, name in gone}
+        return all(obj and obj["metadata"]["uid"] != uids[key] for key, obj in found.items())
+
+    wait_for(back, timeout=60, what="the deleted children recreated")
+    # The trainers' rendezvous address resolves through the headless Service: it must be there
+    # again before a new gang starts. A member fails; the gang is replaced and runs.
+    ops.cluster.kubectl("delete", "service", "heal-trainer", "-n", ns)
+    fail_pod(ops, ns, ops.pods(ns, "trainer", "heal")[0]["metadata"]["name"])
+    wait_for(lambda: ops.status(ns, "heal").get("restarts") == 1, timeout=30, what="restarts == 1")
+    wait_for(lambda: ops.running(ns, "trainer", "heal", 2), timeout=90, what="the new gang")
+    assert ops.json("get", "service", "heal-trainer", "-n", ns) is not None
+
+
+def test_a_recreated_job_does_not_adopt_its_deleted_namesakes_secret(ops: Ops, ns: str) -> None:
+    """`kubectl delete rljob x && kubectl apply -f x.yaml`: until the garbage collector removes the
+    old job's Redis Secret, the new job waits (adopting it would give it a password that vanishes
+    with the old job), then creates its own."""
+    ops.apply(ns, tiny("again"))
+    wait_for(lambda: ops.running(ns, "trainer", "again", 2), timeout=90, what="trainers")
+    # A finalizer keeps the old Secret after the garbage collector deletes it, as a busy cluster
+    # keeps it a while: the new job must find it there.
+    hold = '{"metadata":{"finalizers":["e2e.rljob.dev/hold"]}}'
+    ops.cluster.kubectl("patch", "secret", "again-redis", "-n", ns, "--type=merge", "-p", hold)
+    ops.cluster.kubectl("delete", "rljob", "again", "-n", ns, "--wait=false")
+    wait_for(lambda: not ops.rljob(ns, "again"), timeout=180, what="the old RLJob gone")
+    ops.apply(ns, tiny("again"))
+    uid = ops.rljob(ns, "again")["metadata"]["uid"]
+    wait_for(lambda: ops.condition(ns, "again", "Ready").get("reason") == "SecretNotOwned", timeout=30,
+             what="the new job waiting for the old Secret")  # fmt: skip
+    ops.cluster.kubectl("patch", "secret", "again-redis", "-n", ns, "--type=merge", "-p",
+                        '{"metadata":{"finalizers":null}}')  # fmt: skip
+
+    def own_secret() -> bool:
+        secret = ops.json("get", "secret", "again-redis", "-n", ns) or {}
+        return [r["uid"] for r in secret.get("metadata", {}).get("ownerReferences", [])] == [uid]
+
+    wait_for(own_secret, timeout=60, what="the new job's own Secret")
+    wait_for(lambda: ops.status(ns, "again").get("phase") == "Running", timeout=90, what="Running")
+    assert ops.json("get", "job", "again-trainer", "-n", ns)["metadata"]["ownerReferences"][0]["uid"] == uid
+    time.sleep(3)  # and it stays: nothing deletes the Secret the job now uses
+    assert own_secret()
 
 
 def test_restart_limit_fails_the_job(ops: Ops, ns: str) -> None:

@@ -43,6 +43,7 @@ from rljob_operator.status import (
     Observed,
     TrainerDecision,
     compute_status,
+    controlled_by,
     decide_trainer,
     failed_reason,
     held_status,
@@ -68,6 +69,7 @@ class Reconciler:
     _redis_retry_at: dict[tuple[str, str], float] = field(default_factory=dict)
     _last_redis_error: dict[tuple[str, str], str] = field(default_factory=dict)
     _last_metrics: dict[tuple[str, str], TrainerMetrics] = field(default_factory=dict)
+    _next_child_check: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def _lock(self, key: tuple[str, str]) -> threading.Lock:
         with self._guard:
@@ -75,7 +77,14 @@ class Reconciler:
 
     def forget(self, namespace: str, name: str) -> None:
         key = (namespace, name)
-        for cache in (self._locks, self._passwords, self._redis_retry_at, self._last_redis_error, self._last_metrics):
+        for cache in (
+            self._locks,
+            self._passwords,
+            self._redis_retry_at,
+            self._last_redis_error,
+            self._last_metrics,
+            self._next_child_check,
+        ):
             cache.pop(key, None)
         for gauge in (prom.JOB_STEP, prom.JOB_REWARD, prom.ROLLOUT_DESIRED):  # no stale series of a deleted job
             with contextlib.suppress(KeyError):
@@ -169,7 +178,15 @@ class Reconciler:
         children = render_children(job, plan)
         trainer = [c for c in children if c["kind"] in TRAINER_KINDS]
         others = [c for c in children if c["kind"] not in TRAINER_KINDS]
-        missing = obs.rollout is None or (managed and obs.redis is None)
+        creating = obs.trainer_job is None
+        # A gang about to be (re)created gets every child it reads first (its headless Service,
+        # the ConfigMap); other deletions are found by a periodic look at the children.
+        missing = (
+            obs.rollout is None
+            or (managed and obs.redis is None)
+            or (creating and decision.action == "apply")
+            or (not full and self._child_deleted(others, names, managed, now))
+        )
         if full or missing or prev.observed_generation != generation:
             # All or nothing: a child the API server refuses (an immutable field, an admission
             # policy) must not leave the others on the new spec and the rest on the old one.
@@ -178,7 +195,10 @@ class Reconciler:
                 self._hold(body, stored, generation, "ApplyRejected", refused, now)
                 return
             if managed:
-                self._ensure_secret(job, uid)
+                foreign = self._ensure_secret(job, uid)
+                if foreign:
+                    self._hold(body, stored, generation, "SecretNotOwned", foreign, now)
+                    return
             for manifest in others:
                 self.kube.apply(manifest)
             if job.spec.rollout.autoscaler != "keda" and self._api_available(KEDA_API):
@@ -193,7 +213,6 @@ class Reconciler:
                 self._hold(body, stored, generation, "ApplyRejected", _refusal_message(deployment, exc), now)
                 return
 
-        creating = obs.trainer_job is None
         if decision.action == "apply" and creating and self._gang_terminating(trainer):
             # The previous gang's objects are still going (a PodGroup waits for its pods): a new
             # Job must not join a group that is about to vanish. Try again next pass.
@@ -293,20 +312,47 @@ class Reconciler:
                 return "VolumeClaimNotFound", f"{field_name} {claim} not found in {ns}"
         return None, ""
 
-    def _ensure_secret(self, job: RLJob, uid: str) -> None:
+    def _child_deleted(self, others: list[dict[str, Any]], names: ChildNames, managed: bool, now: float) -> bool:
+        """Every `child_check_seconds`: whether a child this pass did not read (all but the rollout
+        Deployment and the Redis StatefulSet) is gone, so the pass re-applies them all."""
+        key = (names.namespace, names.job)
+        if now < self._next_child_check.get(key, 0.0):
+            return False
+        self._next_child_check[key] = now + self.settings.child_check_seconds
+        wanted = [(m["apiVersion"], m["kind"], m["metadata"]["name"]) for m in others]
+        if managed:
+            wanted.append(("v1", "Secret", names.redis_secret))
+        return any(
+            self.kube.get(api, kind, names.namespace, name) is None
+            for api, kind, name in wanted
+            if kind not in ("Deployment", "StatefulSet")
+        )
+
+    def _ensure_secret(self, job: RLJob, uid: str) -> str | None:
+        """Create the Redis Secret if absent and remember its password. Returns why the pass must
+        wait when a Secret of that name belongs to someone else: a deleted RLJob of the same name
+        whose children the garbage collector has not removed yet. Adopting it would hand this job
+        a password that disappears with it."""
+        import base64
+
         key = (job.metadata.namespace, job.metadata.name)
-        if self._passwords.get(key):
-            return
         names = ChildNames(job.metadata.name, job.metadata.namespace)
         found = self.kube.get("v1", "Secret", names.namespace, names.redis_secret)
         if found is None:
+            self._passwords.pop(key, None)
             plan = RenderPlan(uid=uid, rollout_replicas=0)
             self.kube.create(render_redis_secret(job, plan, pysecrets.token_urlsafe(32)))
             found = self.kube.get("v1", "Secret", names.namespace, names.redis_secret)
-        if found is not None:
-            import base64
-
-            self._passwords[key] = base64.b64decode(found.get("data", {}).get("password", "")).decode()
+        if found is None:
+            return f"Secret {names.redis_secret} was deleted as it was created; trying again"
+        if not controlled_by(found, uid):
+            self._passwords.pop(key, None)
+            return (
+                f"Secret {names.redis_secret} belongs to another owner (a deleted RLJob of the same name?); "
+                "waiting for it to be deleted"
+            )
+        self._passwords[key] = base64.b64decode(found.get("data", {}).get("password", "")).decode()
+        return None
 
     def _password(self, job: RLJob) -> str:
         key = (job.metadata.namespace, job.metadata.name)
@@ -345,6 +391,7 @@ class Reconciler:
             message = f"{type(exc).__name__}: {exc}"
             if password:
                 message = message.replace(password, "***")
+            self._passwords.pop(key, None)  # read the Secret again next time: it may have been replaced
             self._last_redis_error[key] = message
             self._redis_retry_at[key] = time.time() + 30.0
             return None, None, message

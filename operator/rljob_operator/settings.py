@@ -19,6 +19,9 @@ class OperatorSettings:
     restart_backoff_max_seconds: float
     redis_timeout_seconds: float
     metrics_port: int
+    # How often the timer checks that children it does not read every pass (ConfigMap, Services,
+    # NetworkPolicy, Secret, KEDA objects) still exist, and re-applies them if one was deleted.
+    child_check_seconds: float = 60.0
     # Benchmark baseline only: re-apply every child on every timer pass, like a naive operator.
     always_full: bool = False
 
@@ -32,6 +35,7 @@ class OperatorSettings:
             restart_backoff_max_seconds=_float("RLJOB_RESTART_BACKOFF_MAX_SECONDS", 300.0),
             redis_timeout_seconds=_float("RLJOB_REDIS_TIMEOUT_SECONDS", 1.0),
             metrics_port=int(os.environ.get("RLJOB_METRICS_PORT", "8080")),
+            child_check_seconds=_float("RLJOB_CHILD_CHECK_SECONDS", 60.0),
             always_full=os.environ.get("RLJOB_ALWAYS_FULL", "") == "1",
         )
 

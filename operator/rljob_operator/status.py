@@ -59,6 +59,14 @@ def _job_condition(job: dict[str, Any], *types: str) -> dict[str, Any] | None:
     return None
 
 
+def controlled_by(obj: dict[str, Any], uid: str) -> bool:
+    """Whether `obj` is this RLJob's own child, and not going: a namesake's left over from a
+    deleted RLJob of the same name (still waiting for the garbage collector) is not."""
+    meta = obj.get("metadata", {})
+    refs = [r for r in meta.get("ownerReferences", []) or [] if r.get("controller")]
+    return not meta.get("deletionTimestamp") and any(r.get("uid") == uid for r in refs)
+
+
 def current_pods(job: dict[str, Any], pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Pods of this incarnation of the trainer Job (a deleted one's pods may linger)."""
     uid = job["metadata"]["uid"]

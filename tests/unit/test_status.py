@@ -14,6 +14,7 @@ from rljob_operator.status import (
     Observed,
     TrainerDecision,
     compute_status,
+    controlled_by,
     decide_trainer,
     failed_reason,
     gang_failure,
@@ -305,3 +306,14 @@ def test_forgetting_a_deleted_job_drops_its_metric_series() -> None:
     reconciler.forget("gone-ns", "gone")  # twice (kopf may retry a deletion handler): no error
     for metric in ("rljob_job_step", "rljob_job_mean_reward", "rljob_job_rollout_replicas_desired"):
         assert REGISTRY.get_sample_value(metric, labels) is None
+
+
+def test_a_deleted_namesakes_child_is_not_this_jobs() -> None:
+    def secret(uid: str | None, **meta: Any) -> dict[str, Any]:
+        refs = [{"kind": "RLJob", "name": "j", "uid": uid, "controller": True}] if uid else []
+        return {"metadata": {"name": "j-redis", "ownerReferences": refs, **meta}}
+
+    assert controlled_by(secret("new"), "new")
+    assert not controlled_by(secret("old"), "new")  # the deleted RLJob of the same name's
+    assert not controlled_by(secret(None), "new")
+    assert not controlled_by(secret("new", deletionTimestamp=iso(NOW)), "new")
