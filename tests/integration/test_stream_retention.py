@@ -260,3 +260,109 @@ def test_a_dead_workers_prompts_behind_many_live_ones_are_reclaimed(redis_client
     rollout.refresh_idle(redis_client, "live", live)  # the live worker's heartbeat
     taken = rollout.reclaim_stale(redis_client, KEYS, "alive", min_idle_ms=150, count=3)
     assert sorted(h.request.request_id for h in taken) == ["dead0", "dead1", "dead2"]
+
+
+class _NewerTrainersPrompt(PromptRequest):
+    """A prompt as a trainer one rljob version ahead writes it: a field this worker does not know."""
+
+    added_in_a_newer_version: int = 1
+
+
+def _newer_trainers_prompt(request_id: str, step: int = 0, greedy: bool = False) -> _NewerTrainersPrompt:
+    return _NewerTrainersPrompt(**_request(request_id, step, greedy).model_dump())
+
+
+def test_a_prompt_the_worker_cannot_parse_fails_the_trainer_instead_of_hanging_it(redis_server, redis_client) -> None:
+    # The worker acknowledged and deleted a prompt it could not parse; its id never reached the done
+    # set, so the trainer, waiting without a timeout, waited for its group forever.
+    collector = TrajectoryCollector(redis_client, KEYS, block_ms=50)
+    req = _newer_trainers_prompt("s0-q0")
+    collector.expect([req])
+    rollout.ensure_groups(redis_client, KEYS)
+    enqueue_prompts(redis_client, KEYS.prompts, [req])
+    stop, errors = threading.Event(), []
+
+    def worker() -> None:  # the worker's own handling of what it cannot parse
+        client = redis.Redis.from_url(redis_server.url)
+        while not stop.is_set():
+            held = rollout.read_new(client, KEYS, "w", count=3, block_ms=50)
+            rollout.reject(client, KEYS, [h for h in held if h.request is None])
+        client.close()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        with pytest.raises(IncompatibleGroupError, match="different version") as caught:
+            collector.collect(0, [req.request_id], timeout_s=30)
+    finally:
+        stop.set()
+        thread.join()
+    assert "could not parse its prompt" in str(caught.value) and "added_in_a_newer_version" in str(caught.value)
+    assert collector.requeued[req.request_id] == 2  # retried once, as an unparsable group is
+    assert not errors
+
+
+def test_an_eval_prompt_the_worker_cannot_parse_fails_the_round_at_once(redis_server, redis_client) -> None:
+    rollout.ensure_groups(redis_client, KEYS)
+
+    def worker() -> None:
+        client = redis.Redis.from_url(redis_server.url)
+        held: list = []
+        while not held:
+            held = rollout.read_new(client, KEYS, "w", count=1, block_ms=50)
+        rollout.reject(client, KEYS, [h for h in held if h.request is None])
+        client.close()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    started = time.monotonic()
+    with pytest.raises(IncompatibleGroupError, match="could not parse eval prompt eval-x"):
+        eval_round(redis_client, KEYS, [_newer_trainers_prompt("eval-x", -1, greedy=True)], timeout_s=60, block_ms=50)
+    thread.join()
+    assert time.monotonic() - started < 10
+
+
+def test_late_and_unknown_groups_and_timed_out_eval_rounds_leave_nothing_in_the_done_set(redis_client) -> None:
+    # A reclaimed prompt's slow first worker publishes after the step trained; an earlier run's
+    # group arrives after a restart; an eval round times out and its prompts are answered later.
+    # Each put an id into the done set that nothing ever took out (Redis runs with noeviction).
+    collector = TrajectoryCollector(redis_client, KEYS, block_ms=50)
+    rollout.ensure_groups(redis_client, KEYS)
+    req = _request("s0-q0")
+    collector.expect([req])
+    enqueue_prompts(redis_client, KEYS.prompts, [req])
+    (held,) = rollout.read_new(redis_client, KEYS, "w", count=1, block_ms=0)
+    assert rollout.publish_group(redis_client, KEYS, held, _group(req))
+    _, entry_ids = collector.collect(0, [req.request_id], timeout_s=5)
+    collector.ack(entry_ids, done=[req.request_id])
+    late = rollout.HeldPrompt(KEYS.prompts, "0-1", b"", req)  # its prompt is long gone
+    assert rollout.publish_group(redis_client, KEYS, late, _group(req))  # the slow worker's copy
+    earlier_run = _request("s1-q0-r7-x", step=1)
+    assert rollout.publish_group(redis_client, KEYS, rollout.HeldPrompt(KEYS.prompts, "0-2", b"", earlier_run),
+                                 _group(earlier_run))  # fmt: skip
+    nxt = _request("s1-q0", step=1)
+    collector.expect([nxt])
+    enqueue_prompts(redis_client, KEYS.prompts, [nxt])
+    (held,) = rollout.read_new(redis_client, KEYS, "w", count=1, block_ms=0)
+    assert rollout.publish_group(redis_client, KEYS, held, _group(nxt))
+    _, entry_ids = collector.collect(1, [nxt.request_id], timeout_s=5)
+    collector.ack(entry_ids, done=[nxt.request_id])
+    assert redis_client.smembers(KEYS.rollout_done) == set()
+
+    with pytest.raises(TimeoutError):
+        eval_round(redis_client, KEYS, [_request("eval-a", -1, greedy=True)], timeout_s=0.2, block_ms=50)
+    assert redis_client.smembers(KEYS.rollout_done) == set()
+    (held,) = rollout.read_new(redis_client, KEYS, "w", count=1, block_ms=0)  # answered after the timeout
+    assert rollout.publish_group(redis_client, KEYS, held, _group(held.request))
+    served = threading.Thread(target=lambda: _answer_one_eval(redis_client))
+    served.start()
+    eval_round(redis_client, KEYS, [_request("eval-b", -1, greedy=True)], timeout_s=30, block_ms=50)
+    served.join()
+    assert redis_client.smembers(KEYS.rollout_done) == set()
+
+
+def _answer_one_eval(client: redis.Redis) -> None:
+    held: list = []
+    while not held:
+        held = rollout.read_new(client, KEYS, "w", count=1, block_ms=50)
+    rollout.publish_group(client, KEYS, held[0], _group(held[0].request))

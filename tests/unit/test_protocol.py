@@ -181,3 +181,14 @@ def test_generate_groups_on_a_tiny_model(corpus_and_tokenizer) -> None:
             assert all(lp <= 0.0 for lp in traj.behaviour_logprobs)
     greedy = groups[1].trajectories
     assert greedy[0].token_ids == greedy[1].token_ids
+
+
+def test_stale_heartbeats_are_found_for_pruning() -> None:
+    # A SIGKILLed or OOM-killed worker never removes its own entry from the heartbeat hash.
+    import json
+
+    from rljob.rollout.worker import stale_workers
+
+    entries = {b"alive": json.dumps({"ts": 1000.0}), b"killed": json.dumps({"ts": 900.0}), b"garbled": b"{"}
+    assert sorted(stale_workers(entries, now=1010.0, max_age_s=60.0)) == ["garbled", "killed"]
+    assert stale_workers({}, now=0.0, max_age_s=60.0) == []

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# Request ids of the trainer's eval prompts start with this, so the trainer can find what an eval
+# round that timed out left in the workers' done set (rounds run one at a time, on rank 0).
+EVAL_ID_PREFIX = "eval-"
+
 
 class PromptRequest(BaseModel):
     """One question to be sampled `group_size` times."""

@@ -14,6 +14,7 @@ reclaimed. With every acknowledged entry deleted, a prompt stream's length is ex
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,7 @@ class HeldPrompt:
     entry_id: str
     data: bytes
     request: PromptRequest | None  # None: the entry could not be parsed
+    error: str = ""  # why not
 
     @property
     def is_eval(self) -> bool:
@@ -59,8 +61,8 @@ def _held(stream: str, entry_id: bytes | str, fields: dict) -> HeldPrompt:
     try:
         request: PromptRequest | None = PromptRequest.model_validate_json(data)
     except ValueError as exc:
-        log.error("dropping unparsable prompt %s on %s: %s", _text(entry_id), stream, exc)
-        request = None
+        log.error("rejecting unparsable prompt %s on %s: %s", _text(entry_id), stream, exc)
+        return HeldPrompt(stream, _text(entry_id), data, None, f"{type(exc).__name__}: {exc}"[:500])
     return HeldPrompt(stream, _text(entry_id), data, request)
 
 
@@ -149,6 +151,37 @@ def acknowledge(client: redis.Redis, held: list[HeldPrompt]) -> None:
         return
     with client.pipeline(transaction=True) as pipe:
         for h in held:
+            _ack_and_delete(pipe, h.stream, h.entry_id)
+        pipe.execute()
+
+
+def _request_id_of(data: bytes) -> str | None:
+    """The request id of a prompt this worker cannot parse, if it is JSON with one."""
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None
+    request_id = value.get("request_id") if isinstance(value, dict) else None
+    return request_id if isinstance(request_id, str) and request_id else None
+
+
+def reject(client: redis.Redis, keys: JobKeys, held: list[HeldPrompt]) -> None:
+    """Answer prompts this worker cannot parse with a rejection, instead of dropping them unseen.
+
+    A prompt from a trainer of another rljob version (a field this worker does not know) used to be
+    acknowledged and deleted: the trainer waited for its group forever. The rejection goes where
+    the group would (one transaction with the done set and the acknowledgement, as a group), so the
+    trainer sees it, retries once, and then fails naming the cause. An entry without a request id
+    (not even JSON) answers nobody: it is only acknowledged."""
+    if not held:
+        return
+    with client.pipeline(transaction=True) as pipe:
+        for h in held:
+            request_id = _request_id_of(h.data)
+            if request_id is not None:
+                out = keys.eval_results if h.is_eval else keys.trajectories
+                pipe.xadd(out, {"rejected": request_id, "reason": h.error or "unparsable prompt"})
+                pipe.sadd(keys.rollout_done, request_id)
             _ack_and_delete(pipe, h.stream, h.entry_id)
         pipe.execute()
 

@@ -89,6 +89,19 @@ def _wait_for_weights(engine: Any, reader: Any, need: int, stop: threading.Event
     return True
 
 
+def stale_workers(entries: dict, now: float, max_age_s: float) -> list[str]:
+    """Workers in the heartbeat hash whose last beat is older than `max_age_s` (or unreadable)."""
+    stale = []
+    for name, raw in entries.items():
+        try:
+            fresh = now - float(json.loads(raw)["ts"]) <= max_age_s
+        except (ValueError, KeyError, TypeError):
+            fresh = False
+        if not fresh:
+            stale.append(name.decode() if isinstance(name, bytes) else name)
+    return stale
+
+
 def _heartbeat(
     client: redis.Redis, keys: JobKeys, worker_id: str, shared: _Shared, summary: WorkerSummary,
     metrics: WorkerMetrics, interval: float, stop: threading.Event,
@@ -103,6 +116,9 @@ def _heartbeat(
             state = {"ts": time.time(), "pid": os.getpid(), "busy": busy, "held": len(held),
                      "policy_version": summary.policy_version, "groups": summary.groups_published}  # fmt: skip
             client.hset(keys.workers, worker_id, json.dumps(state))
+            stale = stale_workers(client.hgetall(keys.workers), time.time(), max(60.0, 10 * interval))
+            if stale:  # killed workers (SIGKILL, OOM) never remove their own entry
+                client.hdel(keys.workers, *stale)
             metrics.pending_prompts.set(streams.pending_prompts(client, keys))
         except redis.RedisError as exc:
             log.warning("heartbeat failed: %s", exc)
@@ -192,7 +208,7 @@ def _serve_batch(
     held: list[streams.HeldPrompt], stop: threading.Event, summary: WorkerSummary, metrics: WorkerMetrics,
 ) -> None:  # fmt: skip
     broken = [h for h in held if h.request is None]
-    streams.acknowledge(client, broken)  # poison entries would otherwise come back forever
+    streams.reject(client, keys, broken)  # answered with a rejection: poison entries would come back forever
     held = [h for h in held if h.request is not None]
     done = streams.done_request_ids(client, keys, [h.request.request_id for h in held])
     duplicates = [h for h in held if h.request.request_id in done]

@@ -21,7 +21,7 @@ import torch
 
 from rljob.config import RLJob
 from rljob.keys import JobKeys
-from rljob.protocol import PromptRequest, TrainerMetrics
+from rljob.protocol import EVAL_ID_PREFIX, PromptRequest, TrainerMetrics
 from rljob.trainer.checkpoint import (
     REFERENCE_FILE,
     Checkpoint,
@@ -90,7 +90,7 @@ def step_requests(
 def eval_requests(step: int, questions: Sequence[Any], version: int) -> list[PromptRequest]:
     return [
         PromptRequest(
-            request_id=f"eval-s{step}-v{version}-{k}-{q.id}",
+            request_id=f"{EVAL_ID_PREFIX}s{step}-v{version}-{k}-{q.id}",
             step=step,  # the trainer step whose weights are evaluated
             question_id=q.id,
             question=q.question,

@@ -26,7 +26,7 @@ from typing import Any
 import redis
 
 from rljob.keys import TRAINER_GROUP, JobKeys
-from rljob.protocol import PromptRequest, TrajectoryGroup
+from rljob.protocol import EVAL_ID_PREFIX, PromptRequest, TrajectoryGroup
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,12 @@ class TrajectoryCollector:
         return [(_s(eid), fields) for eid, fields in entries]
 
     def _accept(self, entry_id: str, fields: dict | None, current_step: int) -> None:
+        rejected = _rejection(fields)
+        if rejected is not None:  # a worker could not parse our prompt: handled as an unparsable group
+            log.warning("a rollout worker rejected the prompt of request %s: %s", *rejected)
+            self._dropped = f"a rollout worker could not parse its prompt: {rejected[1]}"
+            self.ack([entry_id])
+            return
         raw = (fields or {}).get(b"data", (fields or {}).get("data"))
         try:
             group = TrajectoryGroup.model_validate_json(raw)
@@ -108,8 +114,13 @@ class TrajectoryCollector:
             self.ack([entry_id])
             return
         req = self.expected.get(group.request_id)
-        if req is None or req.step < current_step or group.request_id in self.buffer:
-            self.ack([entry_id])  # unknown, late or duplicate
+        if group.request_id in self.buffer:
+            self.ack([entry_id])  # a duplicate of a request in flight, whose id stays done
+            return
+        if req is None or req.step < current_step:
+            # Unknown (an earlier run's, or a step already trained) or late: its publish put the id
+            # back into the done set, where nothing would ever take it out again.
+            self.ack([entry_id], done=[group.request_id])
             return
         self.buffer[group.request_id] = _Pending(entry_id, group)
 
@@ -222,6 +233,7 @@ def eval_round(
     trimmed first. An unparsable result fails at once: waiting out the timeout would not help."""
     since = stream_last_id(client, keys.eval_results)
     client.xtrim(keys.eval_results, maxlen=0, approximate=False)  # older rounds' leftovers: nobody reads them
+    _forget_earlier_rounds(client, keys)
     enqueue_prompts(client, keys.eval_prompts, requests)
     wanted = {r.request_id for r in requests}
     got: dict[str, TrajectoryGroup] = {}
@@ -230,6 +242,7 @@ def eval_round(
     while len(got) < len(wanted):
         now = time.monotonic()
         if now > deadline:
+            client.srem(keys.rollout_done, *wanted)  # whatever answers come later is trimmed unread
             raise TimeoutError(f"eval: {len(wanted) - len(got)} of {len(wanted)} results missing")
         if now - last_report >= 15:
             last_report = now
@@ -249,7 +262,31 @@ def eval_round(
     return [got[r.request_id] for r in requests]
 
 
+def _forget_earlier_rounds(client: redis.Redis, keys: JobKeys) -> None:
+    """Take earlier eval rounds' ids out of the done set: a round that timed out took out its own,
+    but its prompts answered later put them back, and nothing else would remove them."""
+    stale = list(client.sscan_iter(keys.rollout_done, match=f"{EVAL_ID_PREFIX}*", count=1000))
+    if stale:
+        client.srem(keys.rollout_done, *stale)
+
+
+def _rejection(fields: dict | None) -> tuple[str, str] | None:
+    """(request id, reason) of a worker's rejection of a prompt it could not parse (see
+    `rljob.rollout.streams.reject`), else None."""
+    fields = fields or {}
+    request_id = fields.get(b"rejected", fields.get("rejected"))
+    if request_id is None:
+        return None
+    reason = fields.get(b"reason", fields.get("reason", b""))
+    return _s(request_id), _s(reason)
+
+
 def _eval_result(entry_id: str, fields: dict) -> TrajectoryGroup:
+    rejected = _rejection(fields)
+    if rejected is not None:
+        raise IncompatibleGroupError(
+            f"a rollout worker could not parse eval prompt {rejected[0]} ({rejected[1]}); {_SKEW_HINT}"
+        )
     raw: Any = fields.get(b"data", fields.get("data"))
     try:
         return TrajectoryGroup.model_validate_json(raw)
