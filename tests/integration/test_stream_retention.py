@@ -366,3 +366,21 @@ def _answer_one_eval(client: redis.Redis) -> None:
     while not held:
         held = rollout.read_new(client, KEYS, "w", count=1, block_ms=50)
     rollout.publish_group(client, KEYS, held[0], _group(held[0].request))
+
+
+def test_a_restarted_trainer_clears_what_its_earlier_run_left_queued(redis_client) -> None:
+    # The restarted gang asks for its steps under new request ids and drops groups answering the
+    # old ones: the old prompts, still queued (eval ones served first), were generated for nothing.
+    from rljob.trainer.streams import clear_earlier_runs
+
+    rollout.ensure_groups(redis_client, KEYS)
+    old = [_request(f"s{k}-q0-r3-x", step=k) for k in range(3)]
+    enqueue_prompts(redis_client, KEYS.prompts, old)
+    enqueue_prompts(redis_client, KEYS.eval_prompts, [_request("eval-s2-v3-0-x", 2, greedy=True)])
+    (held,) = rollout.read_new(redis_client, KEYS, "w", count=1, block_ms=0)  # eval first: a worker holds it
+    assert clear_earlier_runs(redis_client, KEYS) == 4
+    assert _lengths(redis_client)["prompts"] == _lengths(redis_client)["eval:prompts"] == 0
+    assert rollout.read_new(redis_client, KEYS, "w", count=5, block_ms=0) == []
+    assert rollout.publish_group(redis_client, KEYS, held, _group(held.request))  # finishes harmlessly
+    assert rollout.pending_prompts(redis_client, KEYS) == 0
+    assert clear_earlier_runs(redis_client, KEYS) == 0

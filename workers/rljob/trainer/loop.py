@@ -188,7 +188,7 @@ def _train(
     publisher = collector = None
     version = 0
     if gang.is_main:
-        from rljob.trainer.streams import TrajectoryCollector
+        from rljob.trainer.streams import TrajectoryCollector, clear_earlier_runs
         from rljob.weights import WeightPublisher
 
         questions, eval_all = load_questions(job)
@@ -200,6 +200,7 @@ def _train(
         metrics.policy_version, metrics.weight_bytes, metrics.step = version, published.bytes, start_step
         writer.write(metrics, log=False)
         collector = TrajectoryCollector(client, keys, consumer=f"trainer-{gang.rank}")
+        clear_earlier_runs(client, keys)  # before this run enqueues anything
         if ckpt is None and spec.eval.interval and eval_questions:
             # The starting point (after any warm-up), so every run reports before and after.
             before = _evaluate(client, keys, eval_questions, 0, version, metrics, eval_timeout_s, publisher)

@@ -212,6 +212,24 @@ class TrajectoryCollector:
             pipe.execute()
 
 
+def clear_earlier_runs(client: redis.Redis, keys: JobKeys) -> int:
+    """Delete the prompts an earlier run of the trainer left queued; returns how many.
+
+    A restarted gang asks for its steps under new request ids (the run tag), and drops groups
+    answering the old ones unused: they were sampled with weights the resumed run does not have.
+    Left queued, the old prompts were generated anyway, evaluation ones first, ahead of the new
+    run's. A worker still holding one finishes it harmlessly (its group is dropped as unknown)."""
+    with client.pipeline(transaction=True) as pipe:
+        for stream in (keys.prompts, keys.eval_prompts):
+            pipe.xlen(stream)
+            pipe.xtrim(stream, maxlen=0, approximate=False)
+        replies = pipe.execute()
+    dropped = int(replies[0]) + int(replies[2])
+    if dropped:
+        log.warning("dropped %d prompts an earlier run of the trainer left queued", dropped)
+    return dropped
+
+
 def stream_last_id(client: redis.Redis, stream: str) -> str:
     newest = client.xrevrange(stream, "+", "-", count=1)
     return _s(newest[0][0]) if newest else "0-0"
