@@ -30,6 +30,7 @@ TINY = yaml.safe_load((ROOT / "examples" / "rljob-tiny.yaml").read_text())
 SEARCH_R1 = yaml.safe_load((ROOT / "examples" / "rljob-search-r1.yaml").read_text())
 OP_NS = "rljob-system"
 SA = "rljob"
+JOB_UID = "batch.kubernetes.io/controller-uid"
 CHILD_KINDS = (
     "configmap",
     "secret",
@@ -534,6 +535,24 @@ def test_spec_changes_roll_or_restart(ops: Ops, ns: str) -> None:
     wait_for(lambda: ops.running(ns, "trainer", "roll", 3), timeout=90, what="3 trainers after gang restart")
     assert ops.json("get", "job", "roll-trainer", "-n", ns)["metadata"]["uid"] != job_uid
     assert ops.status(ns, "roll")["restarts"] == 0  # a spec restart is not a failure
+
+
+def test_switching_gang_provider_removes_the_old_gang_objects(ops: Ops, ns: str) -> None:
+    ops.apply(ns, tiny("switch"))
+    wait_for(lambda: ops.running(ns, "trainer", "switch", 2), timeout=90, what="trainers")
+    assert ops.json("get", "workload", "switch-trainer", "-n", ns) is not None
+    job_uid = ops.json("get", "job", "switch-trainer", "-n", ns)["metadata"]["uid"]
+    ops.cluster.kubectl("patch", "rljob", "switch", "-n", ns, "--type=merge", "-p",
+                        '{"spec":{"trainer":{"gangProvider":"none"}}}')  # fmt: skip
+
+    def new_gang() -> bool:
+        pods = ops.running(ns, "trainer", "switch", 2) or []
+        return bool(pods) and all(p["metadata"]["labels"].get(JOB_UID) != job_uid for p in pods)
+
+    wait_for(new_gang, timeout=90, what="the gang recreated without a gang provider")
+    for kind in ("workloads.scheduling.k8s.io", "podgroups.scheduling.k8s.io"):
+        assert ops.json("get", kind, "switch-trainer", "-n", ns) is None, f"{kind} of the old provider left behind"
+    assert ops.status(ns, "switch")["restarts"] == 0
 
 
 def test_delete_cascades(ops: Ops, ns: str) -> None:

@@ -24,6 +24,10 @@ GANG_TEMPLATE = "trainers"
 DEFAULT_SCHEDULERS = {"volcano": "volcano", "coscheduling": "scheduler-plugins-scheduler"}
 # The API group/version each provider needs on the cluster (checked before anything is created).
 PROVIDER_APIS = {"workload": WORKLOAD_API, "volcano": VOLCANO_API, "coscheduling": COSCHEDULING_API}
+# Every gang object any provider renders (all named `<job>-trainer`): deleting a gang removes them
+# all, so switching `trainer.gangProvider` leaves none of the previous provider's behind.
+GANG_KINDS = ((WORKLOAD_API, "Workload"), (WORKLOAD_API, "PodGroup"), (VOLCANO_API, "PodGroup"),
+              (COSCHEDULING_API, "PodGroup"))  # fmt: skip
 
 
 @dataclass

@@ -24,7 +24,7 @@ from rljob.protocol import TrainerMetrics
 from rljob_operator import metrics as prom
 from rljob_operator.api import RLJobStatus
 from rljob_operator.autoscale import desired_replicas, read_backlog
-from rljob_operator.gang import PROVIDER_APIS
+from rljob_operator.gang import GANG_KINDS, PROVIDER_APIS
 from rljob_operator.kube import RLJOB_API, ApiError, Kube
 from rljob_operator.names import ChildNames
 from rljob_operator.render import (
@@ -49,6 +49,7 @@ from rljob_operator.status import (
     held_status,
     iso,
     parse_time,
+    preflight_outcome,
 )
 
 PREFLIGHT_REASONS = ("GangProviderUnavailable", "KedaUnavailable", "RedisSecretNotFound", "VolumeClaimNotFound")
@@ -132,10 +133,17 @@ class Reconciler:
         if preflight_due:
             reason, message = self._preflight(job)
             if reason:
+                gang = self.kube.get("batch/v1", "Job", ns, names.trainer)
+                outcome = preflight_outcome(reason, gang is not None)
+                if outcome == "hold":
+                    self._hold(body, stored, generation, reason, message, now)
+                    return
                 obs.preflight_reason, obs.preflight_message = reason, message
-                # A missing gang provider cannot fix itself: Failed. Missing objects may appear: Pending.
-                terminal = reason == "GangProviderUnavailable"
-                decision = _fail(reason, message) if terminal else decide_trainer(job, prev, obs, now, lambda _: 0)
+                if outcome == "fail":
+                    self._delete_gang(names)  # gang objects without a Job: nothing may be left holding resources
+                    decision = _fail(reason, message)
+                else:
+                    decision = decide_trainer(job, prev, obs, now, lambda _: 0)
                 st = compute_status(job, generation, prev, obs, decision, 0, None, None, now)
                 self._write_status(body, stored, st)
                 return
@@ -221,7 +229,7 @@ class Reconciler:
             for manifest in trainer:
                 self.kube.apply(manifest)
         elif decision.action in ("restart", "delete", "fail"):
-            self._delete_gang(trainer)
+            self._delete_gang(names)
         if decision.action in ("restart", "fail") and decision.failed_uid:
             prom.GANG_RESTARTS.inc()
 
@@ -276,10 +284,13 @@ class Reconciler:
                 return True
         return False
 
-    def _delete_gang(self, trainer: list[dict[str, Any]]) -> None:
-        for manifest in reversed(trainer):  # the Job first, then its gang objects
-            meta = manifest["metadata"]
-            self.kube.delete(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
+    def _delete_gang(self, names: ChildNames) -> None:
+        """The trainer Job first, then the gang objects of every provider this cluster serves, not
+        only the current one's: after a `gangProvider` switch the old provider's must go too."""
+        self.kube.delete("batch/v1", "Job", names.namespace, names.trainer)
+        for api_version, kind in GANG_KINDS:
+            if self._api_available(api_version):
+                self.kube.delete(api_version, kind, names.namespace, names.trainer)
 
     def _had_preflight_error(self, prev: RLJobStatus) -> bool:
         return any(c.type == "Ready" and c.reason in PREFLIGHT_REASONS for c in prev.conditions)
@@ -459,6 +470,11 @@ class Reconciler:
             if scaled is not None and scaled["metadata"].get("annotations", {}).get(KEDA_PAUSED) != "0":
                 for manifest in render_keda(job, plan):
                     self.kube.apply(manifest)
+        if prev.phase == "Failed":
+            # Whatever failed the job, no trainer may keep holding its GPUs.
+            gang = self.kube.get("batch/v1", "Job", ns, names.trainer)
+            if gang is not None and not gang["metadata"].get("deletionTimestamp"):
+                self._delete_gang(names)
         rollout = self.kube.get("apps/v1", "Deployment", ns, names.rollout)
         if rollout and rollout.get("spec", {}).get("replicas"):
             deployment = next(c for c in render_children(job, plan) if c["kind"] == "Deployment")

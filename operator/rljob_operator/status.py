@@ -162,6 +162,19 @@ def decide_trainer(
     return TrainerDecision("apply")
 
 
+PreflightOutcome = Literal["fail", "hold", "pending"]
+
+
+def preflight_outcome(reason: str, gang_exists: bool) -> PreflightOutcome:
+    """What a failed preflight check does to the job. A job whose trainer Job exists is held
+    (Ready=False, checked again next pass): the check may be transient (discovery right after an
+    API server restart), and failing it would leave its trainers running under a Failed job. A new
+    job fails when its gang provider is missing, and waits for objects that may yet appear."""
+    if gang_exists:
+        return "hold"
+    return "fail" if reason == "GangProviderUnavailable" else "pending"
+
+
 def set_condition(
     conditions: list[Condition], ctype: str, status: bool | None, reason: str, message: str, now: str, generation: int
 ) -> list[Condition]:

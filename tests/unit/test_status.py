@@ -20,6 +20,7 @@ from rljob_operator.status import (
     gang_failure,
     held_status,
     iso,
+    preflight_outcome,
 )
 
 NOW = 1_800_000_000.0
@@ -317,3 +318,12 @@ def test_a_deleted_namesakes_child_is_not_this_jobs() -> None:
     assert not controlled_by(secret("old"), "new")  # the deleted RLJob of the same name's
     assert not controlled_by(secret(None), "new")
     assert not controlled_by(secret("new", deletionTimestamp=iso(NOW)), "new")
+
+
+def test_a_failed_preflight_never_fails_a_job_whose_trainers_exist() -> None:
+    # Discovery can miss a group right after an API server restart: a job already running is
+    # held (Ready=False, checked again), or its trainers would run on under a Failed job.
+    for reason in ("GangProviderUnavailable", "KedaUnavailable", "RedisSecretNotFound", "VolumeClaimNotFound"):
+        assert preflight_outcome(reason, gang_exists=True) == "hold"
+    assert preflight_outcome("GangProviderUnavailable", gang_exists=False) == "fail"
+    assert preflight_outcome("VolumeClaimNotFound", gang_exists=False) == "pending"
