@@ -210,6 +210,12 @@ def failed_reason(st: RLJobStatus) -> str | None:
     return next((c.reason for c in st.conditions if c.type == "Failed" and c.status == "True"), None)
 
 
+def idle_at_zero(job: RLJob, decision: TrainerDecision) -> bool:
+    """Zero rollout workers is what a running job with `minReplicas: 0` and no backlog asks for:
+    healthy, not a missing component (unlike zero because suspended or finished)."""
+    return job.spec.rollout.min_replicas == 0 and not job.spec.suspend and decision.action not in ("fail", "succeeded")
+
+
 def compute_status(
     job: RLJob,
     generation: int,
@@ -285,7 +291,9 @@ def compute_status(
     else:
         trainers = (False, "GangPending", f"{running}/{replicas} trainers running")
     c = set_condition(c, "TrainersReady", *trainers, stamp, gen)
-    if rollout_desired == 0:
+    if rollout_desired == 0 and idle_at_zero(job, decision):
+        rollout = (True, "ScaledToZero", "no backlog: scaled to zero (rollout.minReplicas is 0)")
+    elif rollout_desired == 0:
         rollout = (False, "ScaledToZero", "no rollout workers wanted")
     elif ready_rollouts >= rollout_desired:
         rollout = (True, "Available", f"{ready_rollouts}/{rollout_desired} rollout workers ready")

@@ -327,3 +327,24 @@ def test_a_failed_preflight_never_fails_a_job_whose_trainers_exist() -> None:
         assert preflight_outcome(reason, gang_exists=True) == "hold"
     assert preflight_outcome("GangProviderUnavailable", gang_exists=False) == "fail"
     assert preflight_outcome("VolumeClaimNotFound", gang_exists=False) == "pending"
+
+
+def test_idle_scaled_to_zero_is_ready_when_min_replicas_is_zero() -> None:
+    def status(job: RLJob) -> RLJobStatus:
+        obs = Observed(
+            trainer_job=trainer_job(job),
+            trainer_pods=[pod("a", "Running")],
+            rollout={"spec": {"replicas": 0}, "status": {}},
+            redis={"status": {"readyReplicas": 1}},
+        )
+        prev = RLJobStatus(phase="Running")
+        return compute_status(job, 1, prev, obs, decide_trainer(job, prev, obs, NOW, backoff), 0, None, None, NOW)
+
+    idle = status(make(rollout={"minReplicas": 0}))
+    assert (cond(idle, "RolloutReady").status, cond(idle, "RolloutReady").reason) == ("True", "ScaledToZero")
+    assert cond(idle, "Ready").status == "True" and idle.phase == "Running"
+    # Zero where the spec wants at least one (the pass that decided it before workers start) is not ready.
+    wanting = status(make())
+    assert (cond(wanting, "RolloutReady").status, cond(wanting, "Ready").status) == ("False", "False")
+    suspended = status(make(rollout={"minReplicas": 0}, suspend=True))
+    assert cond(suspended, "RolloutReady").status == "False"
