@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -50,6 +51,22 @@ def _serve(url: str, worker: str, stop: threading.Event, errors: list[BaseExcept
         errors.append(exc)
     finally:
         client.close()
+
+
+def _one_eval_worker(url: str, answer: Callable[[redis.Redis, list[rollout.HeldPrompt]], object]) -> threading.Thread:
+    """A worker thread that takes the next prompt and answers it with `answer(client, held)`."""
+
+    def run() -> None:
+        client = redis.Redis.from_url(url)
+        held: list[rollout.HeldPrompt] = []
+        while not held:
+            held = rollout.read_new(client, KEYS, "w", count=1, block_ms=50)
+        answer(client, held)
+        client.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
 
 
 def _lengths(client: redis.Redis) -> dict[str, int]:
@@ -221,16 +238,8 @@ def test_an_unparsable_eval_result_fails_at_once_and_old_leftovers_are_trimmed(r
     rollout.ensure_groups(redis_client, KEYS)
     redis_client.xadd(KEYS.eval_results, {"data": "left by a round that timed out long ago"})
 
-    def bad_worker() -> None:
-        client = redis.Redis.from_url(redis_server.url)
-        held: list = []
-        while not held:
-            held = rollout.read_new(client, KEYS, "w", count=1, block_ms=100)
-        client.xadd(KEYS.eval_results, {"data": '{"request_id": "e0", "renamed": true}'})
-        client.close()
-
-    thread = threading.Thread(target=bad_worker)
-    thread.start()
+    renamed = {"data": '{"request_id": "e0", "renamed": true}'}
+    thread = _one_eval_worker(redis_server.url, lambda client, _: client.xadd(KEYS.eval_results, renamed))
     started = time.monotonic()
     with pytest.raises(IncompatibleGroupError, match="different version"):
         eval_round(redis_client, KEYS, [_request("e0", -1, greedy=True)], timeout_s=60, block_ms=50)
@@ -305,16 +314,7 @@ def test_a_prompt_the_worker_cannot_parse_fails_the_trainer_instead_of_hanging_i
 def test_an_eval_prompt_the_worker_cannot_parse_fails_the_round_at_once(redis_server, redis_client) -> None:
     rollout.ensure_groups(redis_client, KEYS)
 
-    def worker() -> None:
-        client = redis.Redis.from_url(redis_server.url)
-        held: list = []
-        while not held:
-            held = rollout.read_new(client, KEYS, "w", count=1, block_ms=50)
-        rollout.reject(client, KEYS, [h for h in held if h.request is None])
-        client.close()
-
-    thread = threading.Thread(target=worker)
-    thread.start()
+    thread = _one_eval_worker(redis_server.url, lambda client, held: rollout.reject(client, KEYS, held))
     started = time.monotonic()
     with pytest.raises(IncompatibleGroupError, match="could not parse eval prompt eval-x"):
         eval_round(redis_client, KEYS, [_newer_trainers_prompt("eval-x", -1, greedy=True)], timeout_s=60, block_ms=50)
@@ -322,31 +322,32 @@ def test_an_eval_prompt_the_worker_cannot_parse_fails_the_round_at_once(redis_se
     assert time.monotonic() - started < 10
 
 
-def test_late_and_unknown_groups_and_timed_out_eval_rounds_leave_nothing_in_the_done_set(redis_client) -> None:
+def test_late_and_unknown_groups_and_timed_out_eval_rounds_leave_nothing_in_the_done_set(
+    redis_server, redis_client
+) -> None:
     # A reclaimed prompt's slow first worker publishes after the step trained; an earlier run's
     # group arrives after a restart; an eval round times out and its prompts are answered later.
     # Each put an id into the done set that nothing ever took out (Redis runs with noeviction).
     collector = TrajectoryCollector(redis_client, KEYS, block_ms=50)
     rollout.ensure_groups(redis_client, KEYS)
+
+    def train(req: PromptRequest) -> None:
+        """One step of one request: enqueued, served, collected, trained and acknowledged."""
+        collector.expect([req])
+        enqueue_prompts(redis_client, KEYS.prompts, [req])
+        (held,) = rollout.read_new(redis_client, KEYS, "w", count=1, block_ms=0)
+        assert rollout.publish_group(redis_client, KEYS, held, _group(req))
+        _, entry_ids = collector.collect(req.step, [req.request_id], timeout_s=5)
+        collector.ack(entry_ids, done=[req.request_id])
+
     req = _request("s0-q0")
-    collector.expect([req])
-    enqueue_prompts(redis_client, KEYS.prompts, [req])
-    (held,) = rollout.read_new(redis_client, KEYS, "w", count=1, block_ms=0)
-    assert rollout.publish_group(redis_client, KEYS, held, _group(req))
-    _, entry_ids = collector.collect(0, [req.request_id], timeout_s=5)
-    collector.ack(entry_ids, done=[req.request_id])
+    train(req)
     late = rollout.HeldPrompt(KEYS.prompts, "0-1", b"", req)  # its prompt is long gone
     assert rollout.publish_group(redis_client, KEYS, late, _group(req))  # the slow worker's copy
     earlier_run = _request("s1-q0-r7-x", step=1)
     assert rollout.publish_group(redis_client, KEYS, rollout.HeldPrompt(KEYS.prompts, "0-2", b"", earlier_run),
                                  _group(earlier_run))  # fmt: skip
-    nxt = _request("s1-q0", step=1)
-    collector.expect([nxt])
-    enqueue_prompts(redis_client, KEYS.prompts, [nxt])
-    (held,) = rollout.read_new(redis_client, KEYS, "w", count=1, block_ms=0)
-    assert rollout.publish_group(redis_client, KEYS, held, _group(nxt))
-    _, entry_ids = collector.collect(1, [nxt.request_id], timeout_s=5)
-    collector.ack(entry_ids, done=[nxt.request_id])
+    train(_request("s1-q0", step=1))  # reads both on the way
     assert redis_client.smembers(KEYS.rollout_done) == set()
 
     with pytest.raises(TimeoutError):
@@ -354,18 +355,12 @@ def test_late_and_unknown_groups_and_timed_out_eval_rounds_leave_nothing_in_the_
     assert redis_client.smembers(KEYS.rollout_done) == set()
     (held,) = rollout.read_new(redis_client, KEYS, "w", count=1, block_ms=0)  # answered after the timeout
     assert rollout.publish_group(redis_client, KEYS, held, _group(held.request))
-    served = threading.Thread(target=lambda: _answer_one_eval(redis_client))
-    served.start()
+    served = _one_eval_worker(
+        redis_server.url, lambda client, held: rollout.publish_group(client, KEYS, held[0], _group(held[0].request))
+    )
     eval_round(redis_client, KEYS, [_request("eval-b", -1, greedy=True)], timeout_s=30, block_ms=50)
     served.join()
     assert redis_client.smembers(KEYS.rollout_done) == set()
-
-
-def _answer_one_eval(client: redis.Redis) -> None:
-    held: list = []
-    while not held:
-        held = rollout.read_new(client, KEYS, "w", count=1, block_ms=50)
-    rollout.publish_group(client, KEYS, held[0], _group(held[0].request))
 
 
 def test_a_restarted_trainer_clears_what_its_earlier_run_left_queued(redis_client) -> None:
