@@ -191,6 +191,10 @@ def test_suspend_sets_job_suspend_and_zero_rollouts() -> None:
         ({"trainer": {"replicas": 2}}, True, False),
         ({"suspend": True}, False, False),
         ({"agent": {"topK": 5}}, True, True),
+        # Only Redis reads these, but they restart it, and workers do not survive a Redis restart:
+        # a planned gang restart and roll, rather than crashes counted against restartLimit.
+        ({"weightSync": {"redis": {"memory": "8Gi"}}}, True, True),
+        ({"weightSync": {"redis": {"image": "redis:7.4.1-alpine"}}}, True, True),
     ],
 )
 def test_which_changes_roll_which_role(change: dict, trainer_changes: bool, rollout_changes: bool) -> None:
