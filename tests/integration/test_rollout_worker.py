@@ -192,3 +192,47 @@ def test_two_workers_one_killed_mid_batch(redis_server, redis_client, tmp_path) 
     for stream in (keys.prompts, keys.eval_prompts):
         assert _pending(redis_client, stream) == [] and redis_client.xlen(stream) == 0
     assert redis_client.hget(keys.workers, "survivor") is None
+
+
+def test_a_worker_rides_out_a_redis_restart(redis_server, redis_client) -> None:
+    # The job's Redis restarts (node drained, OOM-killed, spec changed): with redis-py's default
+    # retry the worker failed on its next command. Prompts enqueued before and after the restart
+    # are all answered by the same worker process, exactly once.
+    redis_client.config_set("appendfsync", "always")  # this test's writes must survive the kill
+    questions = load_questions(hotpotqa_dir() / "dev.jsonl", limit=20)
+    tokenizer = train_tiny_tokenizer(
+        [q.question for q in questions] + [p.text for q in questions[:5] for p in q.context]
+    )
+    engine = HFEngine(tiny_random_model(tokenizer), tokenizer, seed=0)
+    keys = JobKeys("ns", "t")
+    before = _enqueue(redis_client, keys, questions[:2], group_size=2, eval_count=0)
+    stop, result = threading.Event(), {}
+    thread = threading.Thread(target=lambda: result.update(s=run_rollout_worker(
+        _job("unused"), redis_server.url, "w0", stop, engine=engine, retriever=Retriever.from_questions(questions),
+        heartbeat_seconds=0.2, block_ms=100)))  # fmt: skip
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while redis_client.xlen(keys.trajectories) < len(before):
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.1)
+        redis_server.kill()
+        time.sleep(1.5)  # down for a while: the worker's reads fail and are retried meanwhile
+        redis_server.start()
+        client = redis.Redis.from_url(redis_server.url)
+        client.config_set("appendfsync", "always")
+        after = [f"after-{i}" for i in range(2)]
+        for request_id, q in zip(after, questions[2:4], strict=True):
+            req = PromptRequest(request_id=request_id, step=0, question_id=q.id, question=q.question,
+                                answers=q.answers, group_size=2)  # fmt: skip
+            client.xadd(keys.prompts, {"data": req.model_dump_json()})
+        deadline = time.monotonic() + 60
+        while len(_groups(client, keys.trajectories)) < len(before) + len(after):
+            assert time.monotonic() < deadline and thread.is_alive(), "the worker did not come back"
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not thread.is_alive() and "s" in result  # it stopped cleanly, not on an error
+    assert sorted(g.request_id for g in _groups(client, keys.trajectories)) == sorted(before + after)
+    client.close()

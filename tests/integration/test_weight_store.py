@@ -838,3 +838,43 @@ def test_a_version_of_more_chunks_than_lua_unpacks_at_once_commits(redis_client)
     shadow = {}
     assert WeightReader(redis_client, KEYS).sync(shadow).version == 0
     assert_holds(shadow, bits_of(weights))
+
+
+def test_a_commit_whose_reply_was_lost_and_that_ran_again_counts_as_landed(redis_client, monkeypatch):
+    # The workers' client retries a command across a Redis restart; a commit that landed but whose
+    # reply was lost runs again and is refused as not newer than latest, which is itself.
+    publisher, weights = publisher_for(redis_client), sparse_weights()
+    publisher.publish(weights)
+    commit = store.commit
+
+    def reply_lost(client, keys, manifest, **options):
+        commit(client, keys, manifest, **options)
+        return commit(client, keys, manifest, **options)  # the retry
+
+    monkeypatch.setattr(store, "commit", reply_lost)
+    weights = bumped(weights, 0, 10)
+    result = publisher.publish(weights)
+    assert (result.version, result.kind) == (1, "delta")
+    monkeypatch.undo()
+    shadow = {}
+    assert WeightReader(redis_client, KEYS).sync(shadow).version == 1
+    assert_holds(shadow, bits_of(weights))
+    weights = bumped(weights, 10, 20)
+    assert publisher.publish(weights).version == 2  # its state went on as if the reply had come
+
+
+def test_the_workers_client_waits_out_a_redis_restart(redis_server) -> None:
+    from rljob.redis_client import connect, outage_budget_s
+
+    assert 30 <= outage_budget_s() <= 120
+    client = connect(redis_server.url)
+    client.config_set("appendfsync", "always")
+    client.set("k", "v")
+    redis_server.kill()
+    restarter = threading.Timer(1.5, redis_server.start)
+    restarter.start()
+    started = time.monotonic()
+    assert client.get("k") == b"v"  # issued while the server is down
+    assert time.monotonic() - started >= 1.0
+    restarter.join()
+    client.close()

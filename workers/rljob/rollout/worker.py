@@ -30,6 +30,7 @@ import redis
 from rljob.agent.rollout import generate_groups
 from rljob.config import RLJob
 from rljob.keys import JobKeys
+from rljob.redis_client import connect
 from rljob.rollout import streams
 from rljob.rollout.metrics import WorkerMetrics
 
@@ -149,7 +150,7 @@ def run_rollout_worker(
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: stop.set())
     keys = JobKeys(job.metadata.namespace, job.metadata.name)
-    client = redis.Redis.from_url(redis_url)
+    client = connect(redis_url)
     streams.ensure_groups(client, keys)
     if retriever is None:
         from rljob.retrieval import build_retriever_for_spec

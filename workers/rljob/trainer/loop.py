@@ -142,9 +142,9 @@ def run_trainer(
     metrics = TrainerMetrics(total_steps=job.spec.grpo.total_steps)
     try:
         if gang.is_main:
-            import redis
+            from rljob.redis_client import connect
 
-            client = redis.Redis.from_url(redis_url)
+            client = connect(redis_url)
             writer = MetricsWriter(client, JobKeys(job.metadata.namespace, job.metadata.name), results_dir)
         _train(job, gang, device, client, writer, metrics, checkpoint_dir, progress, collect_timeout_s, eval_timeout_s)
         if writer is not None:

@@ -305,10 +305,21 @@ class WeightPublisher:
         )
         try:
             return store.commit(self.client, self.keys, manifest, replace=replace)
-        except (store.VersionConflictError, store.MissingChunkError):
-            if manifest.chunks:  # refused: no manifest will ever name these chunks
-                self.client.delete(*[ref.key for ref in manifest.chunks])
+        except store.VersionConflictError:
+            if store.latest_with_id(self.client, self.keys) == (manifest.version, manifest.publish_id):
+                # Our own commit, run again by the client's retry after its reply was lost.
+                log.warning("weight version %d had committed before its reply was lost", manifest.version)
+                return len(manifest.to_json())
+            self._drop_chunks(manifest)
             raise
+        except store.MissingChunkError:
+            self._drop_chunks(manifest)
+            raise
+
+    def _drop_chunks(self, manifest: Manifest) -> None:
+        """After a refused commit: no manifest will ever name these chunks."""
+        if manifest.chunks:
+            self.client.delete(*[ref.key for ref in manifest.chunks])
 
     def answer_rebase(self) -> PublishResult | None:
         """When a reader asked for a rebase (it cannot apply what is stored: a chunk that stays
