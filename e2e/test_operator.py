@@ -282,6 +282,12 @@ INVALID = [
     ({"agent": {"temperature": 0}}, "spec.agent.temperature"),  # greedy groups: GRPO would never update
     ({"trainer": {"replicas": 0}}, "spec.trainer.replicas"),
     ({"restartLimit": -1}, "spec.restartLimit"),
+    ({"trainer": {"resources": {"gpus": 2}}}, "one rank on one GPU"),
+    ({"rollout": {"resources": {"gpus": 2}}}, "engine hf serves from one GPU"),
+    (
+        {"model": {"name": "m", "ggufFile": "m.gguf"}, "rollout": {"engine": "vllm", "resources": {"gpus": 1}}},
+        "cannot serve model.ggufFile",
+    ),
 ]
 
 

@@ -10,12 +10,15 @@ gate/up, which this fake does not). tests/unit/test_engine_vllm.py runs the real
 
 from __future__ import annotations
 
+import os
+import sys
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
+from rljob.config import ModelSpec
 from rljob.engines.vllm_engine import VLLMEngine
 from rljob.keys import JobKeys
 from rljob.weights import WeightPublisher, WeightReader
@@ -50,32 +53,60 @@ class FakeVLLMModel:
 
 
 class FakeLLM:
-    """Stands in for `vllm.LLM`'s `collective_rpc` (one worker, in process) and prefix-cache reset."""
+    """Stands in for `vllm.LLM`'s `collective_rpc` (one worker, in process) and prefix-cache reset.
+
+    As vLLM does: with the engine core in its default separate process, `collective_rpc` sends its
+    arguments with msgpack, which refuses a Python function (vLLM 0.9-0.11 `serial_utils`); only
+    `VLLM_ENABLE_V1_MULTIPROCESSING=0` runs the call in process with the tensors themselves."""
 
     def __init__(self, model: FakeVLLMModel) -> None:
         self.worker = SimpleNamespace(model_runner=SimpleNamespace(model=model), device=torch.device("cpu"))
         self.prefix_cache_resets = 0
+        self.fail_next_rpc: Exception | None = None
 
     def collective_rpc(self, method: Any, args: tuple = ()) -> list[Any]:
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
+            raise TypeError(f"Object of type {type(method)} is not serializable")
+        if self.fail_next_rpc is not None:
+            error, self.fail_next_rpc = self.fail_next_rpc, None
+            raise error
         return [method(self.worker, *args)]
 
     def reset_prefix_cache(self) -> None:
         self.prefix_cache_resets += 1
 
 
-def engine_serving(served: torch.nn.Module) -> tuple[VLLMEngine, FakeVLLMModel, FakeLLM]:
+@pytest.fixture(autouse=True)
+def _vllm_environment(monkeypatch):
+    """Whatever a test sets in vLLM's environment is undone after it."""
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+
+
+def fake_vllm_module(monkeypatch, version: str, built: list[dict[str, Any]]) -> None:
+    """A `vllm` module whose `LLM(**kwargs)` records its arguments and builds nothing."""
+
+    def llm(**kwargs: Any) -> SimpleNamespace:
+        built.append({**kwargs, "env": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")})
+        return SimpleNamespace(get_tokenizer=lambda: None)
+
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__=version, LLM=llm))
+
+
+def engine_serving(served: torch.nn.Module, monkeypatch) -> tuple[VLLMEngine, FakeVLLMModel, FakeLLM]:
+    """The real constructor against a fake `vllm` module, then the fake LLM in its place."""
+    fake_vllm_module(monkeypatch, "0.11.0", [])
+    engine = VLLMEngine(ModelSpec(name="unused"))
     model = FakeVLLMModel(served)
     llm = FakeLLM(model)
-    engine = VLLMEngine.__new__(VLLMEngine)  # skips vllm.LLM(...); the weight path is all real
-    engine.llm, engine.policy_version = llm, 0
+    engine.llm = llm
     engine._shadow = {name: t.detach().to(torch.bfloat16).clone() for name, t in served.named_parameters()}
     return engine, model, llm
 
 
-def test_versions_reach_the_served_model_through_load_weights(redis_client):
+def test_versions_reach_the_served_model_through_load_weights(redis_client, monkeypatch):
     trainer = tiny_llama(seed=0)
     served = tiny_llama(seed=1).to(torch.bfloat16)
-    engine, model, llm = engine_serving(served)
+    engine, model, llm = engine_serving(served, monkeypatch)
     keys = JobKeys("test", "vllm-push")
     publisher = WeightPublisher(redis_client, keys, rebase_interval=10, rebase_fraction=4.0, chunk_bytes=4096)
     reader = WeightReader(redis_client, keys)
@@ -112,3 +143,43 @@ def test_versions_reach_the_served_model_through_load_weights(redis_client):
     outcome = engine.sync_weights(reader)
     assert outcome.version == 3 and engine.policy_version == 3
     assert len(model.loaded) == pushes and llm.prefix_cache_resets == 3
+
+
+def test_a_failed_push_is_pushed_again_with_the_next_sync(redis_client, monkeypatch):
+    # The reader advances the shadow before the push: a push that failed left those tensors out of
+    # the served model for good (the reader never reports them again) under the new version number.
+    trainer = tiny_llama(seed=0)
+    served = tiny_llama(seed=1).to(torch.bfloat16)
+    engine, model, llm = engine_serving(served, monkeypatch)
+    keys = JobKeys("test", "vllm-push-fails")
+    publisher = WeightPublisher(redis_client, keys, rebase_interval=10, rebase_fraction=4.0, chunk_bytes=4096)
+    reader = WeightReader(redis_client, keys)
+    publisher.publish(trainer)
+    engine.sync_weights(reader)
+    with torch.no_grad():
+        trainer.model.norm.weight.add_(0.25)
+    publisher.publish(trainer)
+    llm.fail_next_rpc = RuntimeError("a worker died")
+    with pytest.raises(RuntimeError, match="a worker died"):
+        engine.sync_weights(reader)
+    assert engine.policy_version == 0  # not the version it failed to serve
+    outcome = engine.sync_weights(reader)  # nothing new is published: only the missed push
+    assert outcome.version == 1 and engine.policy_version == 1 and model.loaded[-1] == ["model.norm.weight"]
+    expected = {name: bf16_bits(p) for name, p in trainer.named_parameters()}
+    assert all(bf16_bits(p).tobytes() == expected[name].tobytes() for name, p in served.named_parameters())
+
+
+@pytest.mark.parametrize(("version", "processed"), [("0.10.1.1", False), ("0.10.2", True), ("0.11.0+cu128", True)])
+def test_the_engine_runs_vllm_in_process_and_asks_for_sampled_logprobs_where_vllm_gives_them(
+    monkeypatch, version: str, processed: bool
+):
+    # In its default separate process vLLM cannot carry the weight push (see FakeLLM); and
+    # 0.10.0-0.10.1 take `logprobs_mode` but compute those log-probs before temperature and top-p.
+    built: list[dict[str, Any]] = []
+    fake_vllm_module(monkeypatch, version, built)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    engine = VLLMEngine(ModelSpec(name="m"), tensor_parallel_size=2)
+    (kwargs,) = built
+    assert kwargs["env"] == "0" and kwargs["tensor_parallel_size"] == 2
+    assert engine.processed_logprobs is processed
+    assert (kwargs.get("logprobs_mode") == "processed_logprobs") is processed

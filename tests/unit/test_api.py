@@ -38,6 +38,14 @@ def test_search_r1_example_gpu_budget() -> None:
         ({"grpo": {"learningRate": 0}}, "learningRate"),
         ({"rollout": {"resources": {"memory": "lots"}}}, "memory"),
         ({"grpo": {"groupsize": 4}}, "groupsize"),
+        # Reserved GPUs nothing would use: one process per trainer pod, one device per hf engine.
+        ({"trainer": {"resources": {"gpus": 2}}}, "one rank on one GPU"),
+        ({"rollout": {"resources": {"gpus": 2}}}, "engine hf serves from one GPU"),
+        # vLLM's GGUF layers are quantized: the weight push would fail on the first sync.
+        (
+            {"model": {"name": "m", "ggufFile": "m.gguf"}, "rollout": {"engine": "vllm", "resources": {"gpus": 1}}},
+            "cannot serve model.ggufFile",
+        ),
     ],
 )
 def test_bad_specs_are_refused(spec: dict, needle: str) -> None:
@@ -50,3 +58,12 @@ def test_defaults_round_trip_through_yaml() -> None:
     job = RLJob.model_validate({"metadata": {"name": "a", "namespace": "b"}, "spec": {}})
     again = RLJob.model_validate(job.model_dump(by_alias=True))
     assert again == job
+
+
+def test_vllm_may_shard_over_several_gpus_of_a_pod() -> None:
+    from rljob.rollout.worker import engine_options
+
+    job = RLJob.model_validate({"spec": {"rollout": {"engine": "vllm", "resources": {"gpus": 4}}}})
+    assert engine_options(job) == {"tensor_parallel_size": 4}
+    one = RLJob.model_validate({"spec": {"rollout": {"engine": "vllm", "resources": {"gpus": 1}}}})
+    assert engine_options(one) == {} and engine_options(RLJob.model_validate({"spec": {}})) == {}

@@ -158,6 +158,16 @@ class ResourceSpec(ApiModel):
     gpus: int = Field(0, ge=0, le=64, description="GPUs per pod (nvidia.com/gpu).")
 
 
+_HF_ONE_GPU = (
+    "engine hf serves from one GPU per pod: use engine vllm (tensor parallel over the pod's GPUs) or more replicas"
+)
+_TRAINER_ONE_GPU = "a trainer pod runs one rank on one GPU: use trainer.replicas for more GPUs"
+_VLLM_NO_GGUF = (
+    "rollout.engine vllm cannot serve model.ggufFile: vLLM's quantized GGUF layers take no weight updates; "
+    "use the unquantized checkpoint, or engine hf (which dequantises on load)"
+)
+
+
 class RolloutSpec(ApiModel):
     """The autoscaled rollout Deployment."""
 
@@ -183,6 +193,11 @@ class RolloutSpec(ApiModel):
                     "self.engine != 'vllm' || self.resources.gpus >= 1",
                     "engine vllm needs resources.gpus >= 1",
                     ".engine",
+                ),
+                cel(
+                    "self.engine == 'vllm' || self.resources.gpus <= 1",
+                    _HF_ONE_GPU,
+                    ".resources.gpus",
                 ),
             ]
         }
@@ -211,6 +226,12 @@ class TrainerSpec(ApiModel):
             "Scheduler for trainer pods. Unset: `volcano` for the volcano provider, "
             "`scheduler-plugins-scheduler` for coscheduling, the default scheduler otherwise."
         ),
+    )
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [cel("self.resources.gpus <= 1", _TRAINER_ONE_GPU, ".resources.gpus")]
+        }
     )
 
 
@@ -358,6 +379,19 @@ class RLJobSpec(ApiModel):
         None, ge=0, description="Delete the job this long after it succeeds or fails."
     )
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.rollout) || !has(self.model) || !has(self.rollout.engine)"
+                    " || self.rollout.engine != 'vllm' || !has(self.model.ggufFile)",
+                    _VLLM_NO_GGUF,
+                    ".rollout.engine",
+                )
+            ]
+        }
+    )
+
     @model_validator(mode="after")
     def _check_cross_fields(self) -> RLJobSpec:
         # Mirrors the CEL rules so a local run refuses the same specs the API server would.
@@ -365,6 +399,12 @@ class RLJobSpec(ApiModel):
             raise ValueError("rollout.minReplicas must be <= rollout.maxReplicas")
         if self.rollout.engine == "vllm" and self.rollout.resources.gpus < 1:
             raise ValueError("rollout.engine vllm needs rollout.resources.gpus >= 1")
+        if self.rollout.engine == "hf" and self.rollout.resources.gpus > 1:
+            raise ValueError(f"rollout: {_HF_ONE_GPU}")
+        if self.trainer.resources.gpus > 1:
+            raise ValueError(f"trainer: {_TRAINER_ONE_GPU}")
+        if self.rollout.engine == "vllm" and self.model.gguf_file:
+            raise ValueError(_VLLM_NO_GGUF)
         if self.agent.max_new_tokens_per_turn >= self.agent.max_total_tokens:
             raise ValueError("agent.maxNewTokensPerTurn must be smaller than agent.maxTotalTokens")
         if self.grpo.micro_batch_size > self.grpo.group_size * self.grpo.questions_per_step:

@@ -8,13 +8,18 @@ the transformers engine; older vLLM returns raw-model log-probs and the engine w
 
 Weights: a CPU bf16 shadow dict of HF-named tensors is the sync target of the weight store's
 reader; the tensors it reports `changed` are pushed into the served model with its `load_weights`
-(run inside each vLLM worker through `collective_rpc`), and the prefix cache is reset.
+(run inside each vLLM worker through `collective_rpc`), and the prefix cache is reset. The engine
+core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): in its default separate process,
+`collective_rpc` sends its arguments with msgpack, which refuses a Python function unless
+insecure serialization is allowed, and even then delivers the tensors as plain lists (vLLM
+0.8.5-0.11 `serial_utils` and `EngineCore`'s untyped decoder). In process, one GPU runs the call
+directly; several (tensor parallel over `rollout.resources.gpus`) get it pickled to their workers.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
+import os
 from typing import Any
 
 import torch
@@ -39,6 +44,8 @@ class VLLMEngine(GenerationEngine):
         self, spec: ModelSpec, device: str = "cuda", seed: int = 0, gpu_memory_utilization: float = 0.5,
         max_model_len: int | None = None, **llm_kwargs: Any,
     ) -> None:  # fmt: skip
+        _engine_in_this_process()
+        import vllm
         from vllm import LLM
 
         name, extra = model_source(spec)
@@ -56,7 +63,7 @@ class VLLMEngine(GenerationEngine):
             kwargs["revision"] = spec.revision
         if max_model_len:
             kwargs["max_model_len"] = max_model_len
-        self.processed_logprobs = _supports_processed_logprobs()
+        self.processed_logprobs = _supports_processed_logprobs(vllm.__version__)
         if self.processed_logprobs:
             kwargs["logprobs_mode"] = "processed_logprobs"
         else:
@@ -66,6 +73,7 @@ class VLLMEngine(GenerationEngine):
         self.spec = spec
         self.policy_version = 0
         self._shadow: dict[str, torch.Tensor] | None = None
+        self._unpushed: set[str] = set()  # shadow tensors a failed push left out of the served model
 
     def generate(self, contexts: list[list[int]], params: TurnParams) -> list[Completion]:
         from vllm import SamplingParams
@@ -112,20 +120,40 @@ class VLLMEngine(GenerationEngine):
         return self._shadow
 
     def sync_weights(self, reader: WeightSyncer) -> SyncResult:
+        """Bring the shadow to the newest version and push what changed into the served model.
+
+        The reader advances the shadow before the push; if the push fails, the tensors it carried
+        are remembered and pushed with the next sync (the reader will not report them again), and
+        the served version is not advanced."""
         shadow = self._shadow_weights()
         outcome = reader.sync(shadow)
-        if outcome.changed:
-            weights = [(name, shadow[name]) for name in outcome.changed]
-            self.llm.collective_rpc(_load_weights_in_worker, args=(weights,))
-            self.llm.reset_prefix_cache()
+        names = sorted(self._unpushed.union(outcome.changed))
+        if names:
+            self._unpushed.update(names)
+            self.llm.collective_rpc(_load_weights_in_worker, args=([(name, shadow[name]) for name in names],))
+            self._unpushed.clear()
+            if self.llm.reset_prefix_cache() is False:
+                # vLLM keeps the cache while blocks are in use; cached prefixes would mix old weights' KV
+                # into the next rollouts, so this is worth a loud line (nothing is generating between syncs).
+                log.warning("vLLM did not reset its prefix cache after a weight update")
         self.policy_version = outcome.version
         return outcome
 
 
-def _supports_processed_logprobs() -> bool:
-    try:
-        from vllm.config import ModelConfig
+def _engine_in_this_process() -> None:
+    """Run vLLM's engine core in this process, so `collective_rpc` can carry the weight push (see
+    the module docstring). Set before `LLM(...)`: newer vLLM reads its environment once."""
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
+        log.info("setting VLLM_ENABLE_V1_MULTIPROCESSING=0: weight updates need the engine in this process")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
-        return "logprobs_mode" in inspect.signature(ModelConfig).parameters or hasattr(ModelConfig, "logprobs_mode")
-    except Exception:
+
+def _supports_processed_logprobs(version: str) -> bool:
+    """Whether this vLLM samples the log-probs it returns after temperature and top-p: from 0.10.2.
+    0.10.0-0.10.1 already accept `logprobs_mode` but compute the log-probs before both."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version).release >= (0, 10, 2)
+    except InvalidVersion:
         return False

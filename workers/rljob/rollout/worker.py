@@ -90,6 +90,12 @@ def _wait_for_weights(engine: Any, reader: Any, need: int, stop: threading.Event
     return True
 
 
+def engine_options(job: RLJob) -> dict[str, Any]:
+    """Engine arguments from the job: vLLM shards the model over every GPU of the pod."""
+    gpus = job.spec.rollout.resources.gpus
+    return {"tensor_parallel_size": gpus} if job.spec.rollout.engine == "vllm" and gpus > 1 else {}
+
+
 def stale_workers(entries: dict, now: float, max_age_s: float) -> list[str]:
     """Workers in the heartbeat hash whose last beat is older than `max_age_s` (or unreadable)."""
     stale = []
@@ -160,7 +166,8 @@ def run_rollout_worker(
         from rljob.engines import load_engine
 
         engine_seed = seed if seed is not None else zlib.crc32(worker_id.encode())
-        engine = load_engine(job.spec.model, job.spec.rollout.engine, device or _default_device(job), seed=engine_seed)
+        engine = load_engine(job.spec.model, job.spec.rollout.engine, device or _default_device(job), seed=engine_seed,
+                             **engine_options(job))  # fmt: skip
     from rljob.weights import WeightReader
 
     reader = WeightReader(client, keys)
