@@ -39,11 +39,11 @@ def test_workload_api() -> None:
 
 
 def test_volcano() -> None:
-    objs = children("volcano", resources={"gpus": 2, "cpu": "500m"})
+    objs = children("volcano", resources={"gpus": 1, "cpu": "500m"})
     group = next(c for c in objs if c["kind"] == "PodGroup")
     assert group["apiVersion"] == "scheduling.volcano.sh/v1beta1"
     assert group["spec"]["minMember"] == 3
-    assert group["spec"]["minResources"] == {"cpu": "1500m", "nvidia.com/gpu": "6"}
+    assert group["spec"]["minResources"] == {"cpu": "1500m", "nvidia.com/gpu": "3"}
     pod = trainer_pod(objs)
     assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "g-trainer"
     assert pod["spec"]["schedulerName"] == "volcano"

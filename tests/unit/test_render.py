@@ -75,7 +75,7 @@ def test_config_map_holds_the_manifest_workers_read_back() -> None:
 
 
 def test_trainer_job_is_an_indexed_gang_with_rendezvous_env() -> None:
-    job = make({"trainer": {"replicas": 4, "resources": {"gpus": 2}}})
+    job = make({"trainer": {"replicas": 4, "resources": {"gpus": 1}}})
     tj = by_kind(render_children(job, PLAN), "Job")
     spec = tj["spec"]
     assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 4
@@ -91,7 +91,7 @@ def test_trainer_job_is_an_indexed_gang_with_rendezvous_env() -> None:
     assert env["RLJOB_REDIS_PASSWORD"] == {"secretKeyRef": {"name": "job-redis", "key": "password"}}
     container = pod["containers"][0]
     assert container["command"] == ["rljob", "train"]
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert {"mountPath": "/etc/rljob", "name": "config", "readOnly": True} in container["volumeMounts"]
     svc = [c for c in render_children(job, PLAN) if c["kind"] == "Service" and c["metadata"]["name"] == "job-trainer"]
     assert svc[0]["spec"]["clusterIP"] == "None"
