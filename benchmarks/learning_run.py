@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -151,6 +152,7 @@ def main() -> None:
     if not args.summarise_only:
         for lag in args.lags:
             folder = work / f"lag{lag}"
+            shutil.rmtree(folder, ignore_errors=True)  # a fresh run each time (rljob run refuses to reuse one)
             src = work / f"lag{lag}.yaml"
             src.write_text(yaml.safe_dump(variant(manifest, lag, args), sort_keys=False))
             progress(f"warm-up + GRPO, maxPolicyLag {lag}: rljob run {src} --local --results {folder}")

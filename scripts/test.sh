@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # README's test command: set up everything, then lint and run every test tier that can run here
 # (unit, integration against a real redis-server, e2e against a real control plane). Extra
-# arguments go to pytest (e.g. scripts/test.sh -m "not e2e", which also skips building the control
-# plane, so it needs no Go).
+# arguments go to pytest (e.g. scripts/test.sh -m "not e2e", or test paths outside e2e/, which also
+# skip building the control plane, so they need no Go).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -18,6 +18,19 @@ for ((i = 0; i < ${#args[@]}; i++)); do
   esac
   if [[ "$marks" =~ (^|[^[:alnum:]_])not[[:space:]]+e2e($|[^[:alnum:]_]) ]]; then cluster=--no-cluster; else cluster=--cluster; fi
 done
+
+# Test paths given, none of them in e2e/ (scripts/test.sh tests/unit/test_cli.py): no cluster either.
+paths=0
+e2e_path=0
+for arg in "$@"; do
+  [[ "$arg" == -* ]] && continue
+  path="${arg%%::*}"  # a test id's file
+  [[ "$path" == /* ]] || path="$repo/$path"  # pytest runs in the repo
+  [[ -e "$path" ]] || continue
+  paths=1
+  case "$(realpath -m "$path")/" in "$repo/e2e/"* | "$repo/") e2e_path=1 ;; esac
+done
+if [[ $paths -eq 1 && $e2e_path -eq 0 ]]; then cluster=--no-cluster; fi
 
 # Always an argument: `source` with none would hand setup.sh our own (pytest's) arguments.
 source "$repo/scripts/setup.sh" "$cluster"

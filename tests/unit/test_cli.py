@@ -207,3 +207,63 @@ def test_rljob_eval_scores_the_weights_the_workers_serve() -> None:
         assert p.dtype == torch.float32
         assert (bf16_bits(p) == bf16_bits(masters[name])).all()  # the publisher's rounding of the masters
         assert torch.equal(p, p.to(torch.bfloat16).float())  # exactly bf16 values
+
+
+def _started_run(folder: Path, manifest: Path) -> None:
+    """What `rljob run --local` leaves in its results folder once started."""
+    from rljob.cli import load_job
+
+    folder.mkdir(parents=True)
+    (folder / "checkpoints").mkdir()
+    (folder / "job.yaml").write_text(yaml.safe_dump(load_job(str(manifest)).model_dump(by_alias=True, mode="json")))
+
+
+@pytest.mark.parametrize(
+    ("case", "needle"),
+    [
+        # Reusing a folder resumed its checkpoints and Redis data silently, reporting the old run.
+        ("earlier run, no --resume", "holds an earlier run; add --resume"),
+        ("--resume, nothing there", "holds no earlier run to resume"),
+        ("--resume, manifest changed", "the manifest differs"),
+        ("results folder not writable", "cannot write there"),
+        ("no redis-server", "redis-server was not found on PATH"),
+    ],
+)
+def test_run_checks_its_results_folder_and_redis_before_starting(
+    case: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _manifest(tmp_path)
+    results = tmp_path / "results"
+    argv = ["run", str(path), "--local", "--results", str(results)]
+    if case == "earlier run, no --resume":
+        _started_run(results, path)
+    elif case == "--resume, nothing there":
+        argv.append("--resume")
+    elif case == "--resume, manifest changed":
+        _started_run(results, path)
+        path = _manifest(tmp_path, grpo={"learningRate": 1e-3})
+        argv.append("--resume")
+    elif case == "results folder not writable":
+        (tmp_path / "a-file").write_text("")
+        argv[argv.index(str(results))] = str(tmp_path / "a-file" / "results")
+    else:
+        monkeypatch.setenv("PATH", str(tmp_path))
+    code, err = _run_main(argv, capsys)
+    assert code == 2 and err.startswith("rljob run: ") and needle in err, err
+
+
+def test_run_resumes_an_earlier_run_of_the_same_manifest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _manifest(tmp_path)
+    results = tmp_path / "results"
+    _started_run(results, path)
+    seen: list[Any] = []
+    monkeypatch.setattr(rljob.local_run, "LocalRun", lambda job, folder, **kw: seen.append(folder) or _Done())
+    code, err = _run_main(["run", str(path), "--local", "--results", str(results), "--resume"], capsys)
+    assert code == 3 and seen == [results], err
+
+
+class _Done:
+    def run(self) -> int:
+        return 3  # not 0: no results to summarise

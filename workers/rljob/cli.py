@@ -62,15 +62,54 @@ def _has_checkpoint(path: Path) -> bool:
     return any(c.is_dir() and c.name.startswith("step-") and (c / "meta.json").is_file() for c in path.iterdir())
 
 
+def _check_results_folder(results: Path, job: RLJob, *, resume: bool) -> None:
+    """A results folder the run can write, and a run already there resumed only when asked.
+
+    Reusing a folder used to resume its checkpoints and Redis data silently, reporting the old
+    run's evaluations under a manifest that may have changed since."""
+    started = results.is_dir() and any((results / name).exists() for name in ("checkpoints", "redis", "job.yaml"))
+    if started and not resume:
+        raise BadInput(
+            f"--results {results}: holds an earlier run; add --resume to go on with it, or pick a new folder"
+        )
+    if resume and not started:
+        raise BadInput(f"--resume: {results} holds no earlier run to resume")
+    if started:
+        import yaml
+
+        from rljob.config import RLJob
+
+        saved = results / "job.yaml"
+        try:
+            earlier = RLJob.model_validate(yaml.safe_load(saved.read_text()))
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            raise BadInput(f"--resume: {saved} is unreadable ({exc})") from exc
+        if earlier.spec != job.spec:
+            raise BadInput(f"--resume: the manifest differs from the one {results} was started with ({saved})")
+    try:
+        results.mkdir(parents=True, exist_ok=True)
+        probe = results / ".rljob-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise BadInput(f"--results {results}: cannot write there ({exc.strerror or exc})") from exc
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if not args.local:
         raise BadInput("needs --local (on a cluster: helm install the operator and kubectl apply -f FILE)")
     if args.workers < 1:
         raise BadInput(f"--workers must be at least 1, not {args.workers}")
     job = load_job(args.file)
+    from rljob.embedded_redis import RedisNotInstalled, find_redis_server
     from rljob.local_run import LocalRun, LocalRunFailed, summarise
 
+    try:
+        find_redis_server()
+    except RedisNotInstalled as exc:
+        raise BadInput(str(exc)) from None
     results = Path(args.results or f"results/{job.metadata.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    _check_results_folder(results, job, resume=args.resume)
     run = LocalRun(job, results, rollout_workers=args.workers)
     try:
         code = run.run()
@@ -166,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--local", action="store_true", help="embedded Redis, workers and trainers as processes")
     run.add_argument("--results", help="results folder (default results/NAME-TIMESTAMP)")
     run.add_argument("--workers", type=int, default=1, help="rollout worker processes")
+    run.add_argument("--resume", action="store_true", help="go on with the run already in --results")
     run.set_defaults(func=cmd_run)
 
     rollout = sub.add_parser("rollout", help="rollout worker (pod entry point; configured by RLJOB_* env)")

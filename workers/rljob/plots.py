@@ -13,6 +13,18 @@ def load_metrics(results_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def eval_points(results_dir: Path, rows: list[dict]) -> list[tuple[int, float, float]]:
+    """(step, EM, F1) of every evaluation: those the metrics rows carry, and the one before
+    training (eval_before.json: it is written before the first step, so no row carries it)."""
+    points = {r["step"]: (r["eval_exact_match"], r["eval_f1"]) for r in rows
+              if r.get("eval_exact_match") is not None and r.get("eval_step") == r["step"]}  # fmt: skip
+    before = Path(results_dir) / "eval_before.json"
+    if before.exists():
+        first = json.loads(before.read_text())
+        points.setdefault(int(first.get("step", 0)), (first["exact_match"], first["f1"]))
+    return [(step, em, f1) for step, (em, f1) in sorted(points.items())]
+
+
 def plot_run(results_dir: Path) -> list[Path]:
     """Write one PNG per panel next to metrics.jsonl; returns the paths written."""
     rows = load_metrics(results_dir)
@@ -41,11 +53,11 @@ def plot_run(results_dir: Path) -> list[Path]:
     ax.set_title("reward")
     save(fig, "reward.png")
 
-    evals = [r for r in rows if r.get("eval_exact_match") is not None and r.get("eval_step") == r["step"]]
+    evals = eval_points(results_dir, rows)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     if evals:
-        ax.plot([r["step"] for r in evals], [r["eval_exact_match"] for r in evals], "o-", label="eval EM")
-        ax.plot([r["step"] for r in evals], [r["eval_f1"] for r in evals], "s-", label="eval F1")
+        ax.plot([step for step, _, _ in evals], [em for _, em, _ in evals], "o-", label="eval EM")
+        ax.plot([step for step, _, _ in evals], [f1 for _, _, f1 in evals], "s-", label="eval F1")
         ax.legend()
     ax.set_xlabel("step")
     ax.set_title("held-out evaluation")
