@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import random
 from types import SimpleNamespace
 
@@ -10,8 +11,17 @@ import torch
 
 from rljob.config import RLJob
 from rljob.trainer import loop
-from rljob.trainer.checkpoint import REFERENCE_FILE, capture_rng, restore_rng, save_checkpoint, save_reference
+from rljob.trainer.checkpoint import (
+    REFERENCE_FILE,
+    STATE_FILE,
+    capture_rng,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+    save_reference,
+)
 from rljob.trainer.distributed import Gang
+from rljob.trainer.grpo import GRPOTrainer
 from rljob.trainer.loop import epoch_order, prepare_trainer, question_indices
 from rljob.trainer.model import tiny_causal_lm
 from rljob.trainer.toy import sample_toy_groups
@@ -156,3 +166,33 @@ def test_a_fresh_start_discards_an_earlier_runs_reference(tmp_path, fake_startup
     with caplog.at_level("WARNING", logger=loop.__name__):
         restarted, _ = _start(_job(warmup=True), tmp_path)
     assert REFERENCE_FILE in caplog.text and _same(_state(restarted.ref_model), _state(_base()))
+
+
+# -- reading a checkpoint mapped (a GPU trainer's resume) -----------------------------------------
+
+
+def _mapped_files(name: str) -> list[str]:
+    with open("/proc/self/maps") as fh:
+        return [line for line in fh if line.rstrip().endswith(name)]
+
+
+def test_a_mapped_checkpoint_loads_the_same_and_is_unmapped_once_applied(tmp_path) -> None:
+    """A GPU trainer reads its checkpoint mapped; no tensor of the trainer may keep the file mapped
+    (AdamW's step counts stay on the CPU as loaded), or it stays on disk after retention deletes it."""
+    trainer = GRPOTrainer(_base(), None, _job().spec.grpo)
+    _train_one_step(trainer)
+    path = save_checkpoint(tmp_path, step=1, policy_version=1, trainer_state=trainer.state_dict())
+    plain = load_checkpoint(path).trainer
+    mapped = load_checkpoint(path, mmap=True).trainer
+    assert _same(mapped["model"], plain["model"]) and _mapped_files(STATE_FILE)
+    assert _same(mapped["optimizer"]["state"][0], plain["optimizer"]["state"][0])
+
+    restarted = GRPOTrainer(_base(), None, _job().spec.grpo)
+    restarted.load_state_dict(mapped)
+    del mapped
+    gc.collect()
+    assert _mapped_files(STATE_FILE)  # the optimiser holds loaded tensors
+    loop.own_cpu_tensors(restarted.optimizer)
+    gc.collect()
+    assert not _mapped_files(STATE_FILE)
+    assert _same(restarted.optimizer.state_dict()["state"][0], plain["optimizer"]["state"][0])

@@ -26,6 +26,18 @@ META_FILE = "meta.json"
 REFERENCE_FILE = "reference.pt"
 
 
+@dataclass(frozen=True)
+class CheckpointRef:
+    """Which checkpoint a gang resumes from: small enough to broadcast, unlike the state itself.
+
+    `name` (the `step-NNNNNNNN` folder) is resolved against each rank's own checkpoint directory.
+    """
+
+    name: str
+    step: int
+    policy_version: int
+
+
 @dataclass
 class Checkpoint:
     path: Path
@@ -113,11 +125,32 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     return dirs[-1][1] if dirs else None
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> Checkpoint:
+def read_ref(path: str | Path) -> CheckpointRef:
+    """Name and step of the checkpoint at `path`, from its small meta file."""
+    path = Path(path)
+    meta = json.loads((path / META_FILE).read_text())
+    return CheckpointRef(name=path.name, step=int(meta["step"]), policy_version=int(meta["policy_version"]))
+
+
+def sees(directory: str | Path, ref: CheckpointRef) -> bool:
+    """Whether this process sees checkpoint `ref`, whole, in `directory` (its own mount of the volume)."""
+    path = Path(directory) / ref.name
+    try:
+        return read_ref(path) == ref and (path / STATE_FILE).is_file()
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *, mmap: bool = False) -> Checkpoint:
+    """Read a checkpoint; `mmap` maps the file instead of reading it into anonymous memory.
+
+    Mapped tensors are page cache, which the kernel can drop, so a resume that copies them onto a
+    GPU never holds the state in process memory; a tensor kept past the copy keeps the file mapped.
+    """
     path = Path(path)
     meta = json.loads((path / META_FILE).read_text())
     # Our own file (RNG states include numpy arrays), so the full unpickler is fine here.
-    payload = torch.load(path / STATE_FILE, map_location=map_location, weights_only=False)
+    payload = torch.load(path / STATE_FILE, map_location=map_location, weights_only=False, mmap=mmap)
     return Checkpoint(
         path=path,
         step=int(meta["step"]),

@@ -6,6 +6,9 @@ short collective timeout, so a dead member fails the step loudly and the operato
 gang; and a gloo control group with a long timeout for handing the step's batch from rank 0 to the
 others, since they legitimately wait as long as the rollouts take.
 
+Phases whose length differs by rank (reading a checkpoint) end with a barrier on the control
+group, so a collective on the main group waits only for compute, never for a slow disk.
+
 Gradients are summed with explicit all-reduces rather than DDP: shards may differ in size (and be
 empty) after stale and degenerate samples are dropped, which DDP's per-backward hooks cannot
 tolerate, and the loss is already normalised by the step's global token count.
@@ -13,9 +16,11 @@ tolerate, and the loss is already normalised by the step's global token count.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
+import functools
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +101,79 @@ def broadcast_object(gang: Gang, obj: Any) -> Any:
     box = [obj if gang.is_main else None]
     dist.broadcast_object_list(box, src=0, group=gang.control_group)
     return box[0]
+
+
+def control_barrier(gang: Gang) -> None:
+    """Wait, with the long timeout, for every rank: ends a phase whose length differs by rank."""
+    if gang.distributed:
+        dist.barrier(group=gang.control_group)
+
+
+def all_ranks(gang: Gang, flag: bool) -> bool:
+    """True when `flag` holds on every rank (control group)."""
+    if not gang.distributed:
+        return flag
+    value = torch.tensor([int(flag)])
+    dist.all_reduce(value, op=dist.ReduceOp.MIN, group=gang.control_group)
+    return bool(value.item())
+
+
+def broadcast_state(gang: Gang, state: Any) -> Any:
+    """Rank 0's nested state (dicts, lists, tuples of tensors) on every rank, tensor by tensor.
+
+    Unlike `broadcast_object`, nothing pickles the tensors: pickling a whole trainer state held
+    about four copies of it at once. The layout goes as a small object, then each tensor into a
+    buffer of its own, on the control group (CPU; long timeout, as rank 0 may still be reading).
+    """
+    if not gang.distributed:
+        return state
+    tensors: list[torch.Tensor] = []
+    layout = broadcast_object(gang, _replace(state, torch.Tensor, _slot_for(tensors)) if gang.is_main else None)
+    if gang.is_main:
+        for t in tensors:
+            dist.broadcast(t.detach().cpu().contiguous(), src=0, group=gang.control_group)
+        return state
+    return _replace(layout, _TensorSlot, functools.partial(_receive, group=gang.control_group))
+
+
+@dataclass(frozen=True)
+class _TensorSlot:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _slot_for(tensors: list[torch.Tensor]) -> Callable[[torch.Tensor], _TensorSlot]:
+    """Replaces a tensor by its shape and dtype, remembering it (in order) in `tensors`."""
+
+    def slot(t: torch.Tensor) -> _TensorSlot:
+        tensors.append(t)
+        return _TensorSlot(tuple(t.shape), t.dtype)
+
+    return slot
+
+
+def _receive(slot: _TensorSlot, group: Any) -> torch.Tensor:
+    t = torch.empty(slot.shape, dtype=slot.dtype)
+    dist.broadcast(t, src=0, group=group)
+    return t
+
+
+def _replace(value: Any, leaf: type, fn: Callable[[Any], Any]) -> Any:
+    """`value` with `fn` applied to each `leaf` in it, depth first in insertion order.
+
+    Mappings are shallow-copied, so a state_dict stays an OrderedDict with its `_metadata`;
+    a tensor anywhere else (a custom container) would be pickled with the layout.
+    """
+    if isinstance(value, leaf):
+        return fn(value)
+    if isinstance(value, dict):
+        out = copy.copy(value)
+        for k, v in value.items():
+            out[k] = _replace(v, leaf, fn)
+        return out
+    if type(value) in (list, tuple):
+        return type(value)(_replace(v, leaf, fn) for v in value)
+    return value
 
 
 def all_reduce_sum(gang: Gang, tensor: torch.Tensor) -> torch.Tensor:

@@ -24,16 +24,27 @@ from rljob.keys import JobKeys
 from rljob.protocol import EVAL_ID_PREFIX, PromptRequest, TrainerMetrics
 from rljob.trainer.checkpoint import (
     REFERENCE_FILE,
-    Checkpoint,
+    CheckpointRef,
     latest_checkpoint,
     load_checkpoint,
     load_reference,
+    read_ref,
     remove_reference,
     restore_rng,
     save_checkpoint,
     save_reference,
+    sees,
 )
-from rljob.trainer.distributed import Gang, broadcast_object, broadcast_parameters, close_gang, init_gang
+from rljob.trainer.distributed import (
+    Gang,
+    all_ranks,
+    broadcast_object,
+    broadcast_parameters,
+    broadcast_state,
+    close_gang,
+    control_barrier,
+    init_gang,
+)
 from rljob.trainer.grpo import GRPOTrainer, frozen_copy
 from rljob.trainer.metrics import MetricsWriter, rollout_metrics
 
@@ -180,8 +191,8 @@ def _train(
     torch.manual_seed(grpo.seed)
     random.seed(grpo.seed)
 
-    trainer, ckpt = prepare_trainer(job, gang, device, writer, checkpoint_dir, progress)
-    start_step = ckpt.step if ckpt is not None else 0
+    trainer, resumed = prepare_trainer(job, gang, device, writer, checkpoint_dir, progress)
+    start_step = resumed.step if resumed is not None else 0
 
     questions = eval_questions = None
     run_tag = ""
@@ -201,7 +212,7 @@ def _train(
         writer.write(metrics, log=False)
         collector = TrajectoryCollector(client, keys, consumer=f"trainer-{gang.rank}")
         clear_earlier_runs(client, keys)  # before this run enqueues anything
-        if ckpt is None and spec.eval.interval and eval_questions:
+        if resumed is None and spec.eval.interval and eval_questions:
             # The starting point (after any warm-up), so every run reports before and after.
             before = _evaluate(client, keys, eval_questions, 0, version, metrics, eval_timeout_s, publisher)
             if before is not None:
@@ -281,7 +292,7 @@ def _train(
 
 def prepare_trainer(
     job: RLJob, gang: Gang, device: torch.device, writer: MetricsWriter | None, checkpoint_dir: str, progress: bool
-) -> tuple[GRPOTrainer, Checkpoint | None]:
+) -> tuple[GRPOTrainer, CheckpointRef | None]:
     """The trainer this gang process starts from, and the checkpoint it resumed (None on a fresh job).
 
     Resuming restores the policy, optimiser, RNG states and the KL reference, so a restart changes
@@ -299,17 +310,11 @@ def prepare_trainer(
     )  # fmt: skip
     broadcast_parameters(gang, trainer.model)  # after the move to the device: nccl broadcasts CUDA tensors
 
-    ckpt = None
-    if gang.is_main:
-        path = latest_checkpoint(checkpoint_dir)
-        ckpt = load_checkpoint(path) if path is not None else None
-    ckpt = broadcast_object(gang, ckpt)
-    if ckpt is not None:
-        trainer.load_state_dict(ckpt.trainer)
-        restore_rng(ckpt.rng)
+    resumed = resume(gang, trainer, checkpoint_dir)
+    if resumed is not None:
         _restore_reference(job, gang, trainer, checkpoint_dir)
-        log.info("resumed from %s at step %d", ckpt.path, ckpt.step)
-        return trainer, ckpt
+        log.info("resumed from %s at step %d", resumed.name, resumed.step)
+        return trainer, resumed
     if gang.is_main:
         remove_reference(checkpoint_dir)  # an earlier run's, which this one must never resume against
     if spec.warmup.enabled:
@@ -318,6 +323,62 @@ def prepare_trainer(
             # Before the first checkpoint, so every checkpoint of this run has its reference on disk.
             save_reference(checkpoint_dir, trainer.ref_model.state_dict())
     return trainer, None
+
+
+def resume(gang: Gang, trainer: GRPOTrainer, checkpoint_dir: str) -> CheckpointRef | None:
+    """Load the newest checkpoint into `trainer` on every rank; None when there is none.
+
+    Rank 0 picks it and sends only its name. Every rank that sees it (the trainers share the
+    checkpoint volume) reads it itself; if any cannot, rank 0 sends the tensors one by one.
+    Nothing is pickled whole, and the loaded state is dropped once applied: a pickled broadcast
+    held about four copies of it on each rank (an OOM kill for a 3B model with Adam moments).
+    """
+    ref = None
+    if gang.is_main:
+        path = latest_checkpoint(checkpoint_dir)
+        ref = read_ref(path) if path is not None else None
+    ref = broadcast_object(gang, ref)
+    if ref is None:
+        return None
+    path, mapped = Path(checkpoint_dir) / ref.name, trainer.device.type != "cpu"
+    if all_ranks(gang, sees(checkpoint_dir, ref)):
+        _apply(trainer, _read_state(path, mapped))
+    else:
+        log.warning("not every rank sees %s in %s: rank 0 sends it", ref.name, checkpoint_dir)
+        _apply(trainer, broadcast_state(gang, _read_state(path, mapped) if gang.is_main else None))
+    if mapped:
+        own_cpu_tensors(trainer.optimizer)
+    control_barrier(gang)  # ranks read at their own pace; the next main-group collective must not wait on it
+    return ref
+
+
+def _read_state(path: Path, mapped: bool) -> dict[str, Any]:
+    """The trainer and RNG state at `path`, on the CPU; `mapped` for a trainer on another device.
+
+    Mapped, the state is page cache that load_state_dict copies to the device, never process
+    memory. A CPU trainer's optimiser adopts the loaded tensors as its own, so there a plain read
+    costs no more and keeps no file mapped for the run.
+    """
+    ckpt = load_checkpoint(path, map_location="cpu", mmap=mapped)
+    return {"trainer": ckpt.trainer, "rng": ckpt.rng}
+
+
+def own_cpu_tensors(optimizer: torch.optim.Optimizer) -> None:
+    """Copy the optimiser state's CPU tensors (on a GPU trainer, AdamW's step counts).
+
+    load_state_dict keeps them as loaded: mapped from the checkpoint, any one of them keeps the
+    whole file mapped, and once retention deletes it, on disk, for the rest of the run.
+    """
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+                state[key] = value.clone()
+
+
+def _apply(trainer: GRPOTrainer, state: dict[str, Any]) -> None:
+    """Load `state` into the trainer and the RNGs; the caller keeps no reference to it."""
+    trainer.load_state_dict(state.pop("trainer"))
+    restore_rng(state.pop("rng"))
 
 
 def _restore_reference(job: RLJob, gang: Gang, trainer: GRPOTrainer, checkpoint_dir: str) -> None:
