@@ -1,4 +1,4 @@
-"""How a gloo gang starts: resuming a checkpoint without copies of it.
+"""How a gloo gang starts: resuming a checkpoint without copies of it, and members that start or load late.
 
 Each test starts real trainer processes: this file doubles as their entry point (`python FILE ...`).
 """
@@ -178,6 +178,23 @@ def test_gang_resume_equals_one_process_and_holds_one_copy(tmp_path: Path, monke
         assert got["step"] == 5
         _assert_same({k: got[k] for k in expected}, expected)
         assert got["growth"] < 2 * size, f"peak RSS grew {got['growth'] / size:.1f}x the checkpoint"
+
+
+@pytest.mark.slow
+def test_a_member_starting_and_loading_later_than_the_collective_timeout_joins(tmp_path: Path) -> None:
+    """Rank 1 starts, loads its model and reads the checkpoint each for longer than the collective
+    timeout (an image pull, a download, a cold disk): the gang waits on the long-timeout store and
+    control group, never in a main-group collective. Any one of the three failed the gang before."""
+    _save_checkpoint(tmp_path, SMALL_VOCAB)
+    port = _free_port()
+    first = _start(0, port, tmp_path, tmp_path / "rank0.pt", timeout_s="2")
+    assert first.stdout.readline().strip() == "joining"
+    time.sleep(3)  # and rank 1 still has to import torch
+    late = _start(1, port, tmp_path, tmp_path / "rank1.pt", "--load-delay", "3", "--read-delay", "3", timeout_s="2")
+    _finish([first, late])
+    states = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    assert states[0]["step"] == states[1]["step"] == 5
+    _assert_same(states[0]["model"], states[1]["model"])
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ short collective timeout, so a dead member fails the step loudly and the operato
 gang; and a gloo control group with a long timeout for handing the step's batch from rank 0 to the
 others, since they legitimately wait as long as the rollouts take.
 
-Phases whose length differs by rank (reading a checkpoint) end with a barrier on the control
-group, so a collective on the main group waits only for compute, never for a slow disk.
+The rendezvous has the long timeout too: members start as far apart as their image pulls, which
+the operator bounds (`trainer.scheduleTimeoutSeconds`), not the collective timeout. Phases whose
+length differs by rank (loading the model, a checkpoint) end with a barrier on the control group,
+so a collective on the main group waits only for compute, never for a slow disk or download.
 
 Gradients are summed with explicit all-reduces rather than DDP: shards may differ in size (and be
 empty) after stale and degenerate samples are dropped, which DDP's per-backward hooks cannot
@@ -80,13 +82,29 @@ def init_gang(
     if not dist.is_initialized():
         dist.init_process_group(
             backend=backend,
-            init_method="env://",
+            store=rendezvous_store(rank, world_size, control_timeout_s),
             rank=rank,
             world_size=world_size,
             timeout=dt.timedelta(seconds=collective_timeout_s),
         )
     control = dist.new_group(backend="gloo", timeout=dt.timedelta(seconds=control_timeout_s))
     return Gang(rank=rank, world_size=world_size, control_group=control, collective_device=device.type)
+
+
+def rendezvous_store(rank: int, world_size: int, timeout_s: float) -> dist.TCPStore:
+    """The env:// store (rank 0 serves it at MASTER_ADDR:MASTER_PORT), waiting `timeout_s` for members.
+
+    init_process_group would give its own store the collective timeout, so a member whose pod
+    started later than that (a large image pulled on another node) failed the whole gang.
+    """
+    return dist.TCPStore(
+        host_name=os.environ["MASTER_ADDR"],
+        port=int(os.environ["MASTER_PORT"]),
+        world_size=world_size,
+        is_master=rank == 0,
+        timeout=dt.timedelta(seconds=timeout_s),
+        wait_for_workers=True,
+    )
 
 
 def close_gang(gang: Gang) -> None:

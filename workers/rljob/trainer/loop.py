@@ -308,6 +308,7 @@ def prepare_trainer(
         model, ref, spec.grpo, device, pad_token_id=pad_token_id_of(model), gang=gang,
         temperature=spec.agent.temperature,
     )  # fmt: skip
+    control_barrier(gang)  # a slow load (a download, a cold disk) must not run into the collective timeout
     broadcast_parameters(gang, trainer.model)  # after the move to the device: nccl broadcasts CUDA tensors
 
     resumed = resume(gang, trainer, checkpoint_dir)
