@@ -103,13 +103,18 @@ def engine_serving(served: torch.nn.Module, monkeypatch) -> tuple[VLLMEngine, Fa
     return engine, model, llm
 
 
-def test_versions_reach_the_served_model_through_load_weights(redis_client, monkeypatch):
+def serving_setup(redis_client, monkeypatch, job: str):
+    """A trainer model, the engine serving another one, and a publisher and reader between them."""
     trainer = tiny_llama(seed=0)
     served = tiny_llama(seed=1).to(torch.bfloat16)
     engine, model, llm = engine_serving(served, monkeypatch)
-    keys = JobKeys("test", "vllm-push")
+    keys = JobKeys("test", job)
     publisher = WeightPublisher(redis_client, keys, rebase_interval=10, rebase_fraction=4.0, chunk_bytes=4096)
-    reader = WeightReader(redis_client, keys)
+    return trainer, served, engine, model, llm, publisher, WeightReader(redis_client, keys)
+
+
+def test_versions_reach_the_served_model_through_load_weights(redis_client, monkeypatch):
+    trainer, served, engine, model, llm, publisher, reader = serving_setup(redis_client, monkeypatch, "vllm-push")
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=1e-3)
 
     def served_matches_trainer() -> bool:
@@ -148,12 +153,7 @@ def test_versions_reach_the_served_model_through_load_weights(redis_client, monk
 def test_a_failed_push_is_pushed_again_with_the_next_sync(redis_client, monkeypatch):
     # The reader advances the shadow before the push: a push that failed left those tensors out of
     # the served model for good (the reader never reports them again) under the new version number.
-    trainer = tiny_llama(seed=0)
-    served = tiny_llama(seed=1).to(torch.bfloat16)
-    engine, model, llm = engine_serving(served, monkeypatch)
-    keys = JobKeys("test", "vllm-push-fails")
-    publisher = WeightPublisher(redis_client, keys, rebase_interval=10, rebase_fraction=4.0, chunk_bytes=4096)
-    reader = WeightReader(redis_client, keys)
+    trainer, served, engine, model, llm, publisher, reader = serving_setup(redis_client, monkeypatch, "vllm-fails")
     publisher.publish(trainer)
     engine.sync_weights(reader)
     with torch.no_grad():
