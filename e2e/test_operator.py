@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -134,7 +135,7 @@ def tiny(name: str = "tiny", **spec: Any) -> dict[str, Any]:
     return doc
 
 
-def test_chart_lints_and_renders(cluster) -> None:
+def test_chart_lints_and_renders(cluster, tmp_path: Path) -> None:
     assert "0 chart(s) failed" in cluster.helm("lint", str(CHART)).stdout
     assert "0 chart(s) failed" in cluster.helm("lint", str(CHART), "--set", "replicaCount=0").stdout
     bad = cluster.helm("lint", str(CHART), "--set", "replicaCount=3", check=False)
@@ -157,6 +158,21 @@ def test_chart_lints_and_renders(cluster) -> None:
     for bad_value in ("0", "-1", "soon"):
         bad = cluster.helm("template", "r", str(CHART), "--set", f"operator.timerInterval={bad_value}", check=False)
         assert bad.returncode != 0 and "timerInterval" in bad.stdout + bad.stderr, bad_value
+    # One port for metrics and liveness would crash-loop the operator (address in use): refused here.
+    clash = cluster.helm("template", "r", str(CHART), "--set", "liveness.port=8080", check=False)
+    assert clash.returncode != 0 and "metrics.port and liveness.port" in clash.stderr, clash.stderr
+    # As a subchart: an umbrella chart hands it `global` and its `enabled` condition.
+    assert cluster.helm("template", "r", str(CHART), "--set", "global.x=1").returncode == 0
+    umbrella = tmp_path / "platform"
+    shutil.copytree(CHART, umbrella / "charts" / "rljob")
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    (umbrella / "Chart.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "v2", "name": "platform", "version": "0.1.0",
+        "dependencies": [{"name": "rljob", "version": version, "condition": "rljob.enabled"}],
+    }))  # fmt: skip
+    (umbrella / "values.yaml").write_text(yaml.safe_dump({"global": {"x": 1}, "rljob": {"enabled": True}}))
+    rendered = cluster.helm("template", "p", str(umbrella)).stdout
+    assert any(d and d["kind"] == "Deployment" for d in yaml.safe_load_all(rendered))
 
 
 def test_explain_teaches_the_api(ops: Ops) -> None:
