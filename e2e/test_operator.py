@@ -521,6 +521,8 @@ def test_trainer_completion_succeeds_the_job(ops: Ops, ns: str) -> None:
     assert ops.condition(ns, "done", "Complete")["status"] == "True"
     assert ops.status(ns, "done").get("completionTime")
     wait_for(lambda: not ops.pods(ns, "rollout", "done"), timeout=60, what="rollouts stopped after success")
+    # The table's ROLLOUTS follows the workers down after the job finished (it froze at "N/0").
+    wait_for(lambda: ops.status(ns, "done").get("rollouts") == "0/0", timeout=30, what="ROLLOUTS 0/0")
     # TTL after finishing deletes the RLJob (and, through owner references, every child).
     ops.cluster.kubectl(
         "patch", "rljob", "done", "-n", ns, "--type=merge", "-p", '{"spec":{"ttlSecondsAfterFinished":1}}'

@@ -46,6 +46,7 @@ from rljob_operator.status import (
     controlled_by,
     decide_trainer,
     failed_reason,
+    finished_rollouts,
     held_status,
     iso,
     parse_time,
@@ -479,6 +480,7 @@ class Reconciler:
         if rollout and rollout.get("spec", {}).get("replicas"):
             deployment = next(c for c in render_children(job, plan) if c["kind"] == "Deployment")
             self.kube.apply(deployment)
+        self._write_status(body, prev, finished_rollouts(prev, rollout))  # patches only a change
         ttl = job.spec.ttl_seconds_after_finished
         done = parse_time(prev.completion_time)
         if ttl is not None and done is not None and now >= done + ttl:

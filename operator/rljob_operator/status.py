@@ -206,6 +206,17 @@ def held_status(prev: RLJobStatus, generation: int, reason: str, message: str, n
     return st
 
 
+def finished_rollouts(prev: RLJobStatus, rollout: dict[str, Any] | None) -> RLJobStatus:
+    """A finished job's rollout numbers from its Deployment as it scales to zero: the completing
+    pass read "ready" before the scale-down, and no later pass recomputes the status."""
+    st = prev.model_copy(deep=True)
+    ready = int((rollout or {}).get("status", {}).get("readyReplicas", 0) or 0)
+    st.rollout_replicas_desired = 0
+    st.rollout_replicas_ready = ready
+    st.rollouts = f"{ready}/0"
+    return st
+
+
 def failed_reason(st: RLJobStatus) -> str | None:
     return next((c.reason for c in st.conditions if c.type == "Failed" and c.status == "True"), None)
 

@@ -17,6 +17,7 @@ from rljob_operator.status import (
     controlled_by,
     decide_trainer,
     failed_reason,
+    finished_rollouts,
     gang_failure,
     held_status,
     iso,
@@ -348,3 +349,18 @@ def test_idle_scaled_to_zero_is_ready_when_min_replicas_is_zero() -> None:
     assert (cond(wanting, "RolloutReady").status, cond(wanting, "Ready").status) == ("False", "False")
     suspended = status(make(rollout={"minReplicas": 0}, suspend=True))
     assert cond(suspended, "RolloutReady").status == "False"
+
+
+def test_a_finished_job_reports_its_rollouts_going_to_zero() -> None:
+    # The completing pass read one ready worker before scaling to zero; later passes of the
+    # finished job follow the Deployment down instead of showing "1/0" forever.
+    obs = Observed(trainer_job=trainer_job(make(), conditions=[{"type": "Complete", "status": "True"}]),
+                   rollout={"spec": {"replicas": 1}, "status": {"readyReplicas": 1}})  # fmt: skip
+    done = compute_status(make(), 1, RLJobStatus(), obs, TrainerDecision("succeeded"), 0, None, None, NOW)
+    assert (done.phase, done.rollouts) == ("Succeeded", "1/0")
+    draining = finished_rollouts(done, {"spec": {"replicas": 0}, "status": {"readyReplicas": 1}})
+    assert draining == done  # nothing changed: no status write
+    gone = finished_rollouts(done, {"spec": {"replicas": 0}, "status": {}})
+    assert (gone.rollouts, gone.rollout_replicas_ready, gone.rollout_replicas_desired) == ("0/0", 0, 0)
+    assert gone.phase == "Succeeded" and gone.conditions == done.conditions
+    assert finished_rollouts(done, None).rollouts == "0/0"  # the Deployment already deleted
