@@ -95,15 +95,33 @@ class Reconciler:
     def reconcile(self, namespace: str, name: str, *, full: bool) -> None:
         prom.RECONCILES.labels(kind="full" if full else "timer").inc()
         with prom.RECONCILE_SECONDS.time(), self._lock((namespace, name)):
-            body = self.kube.get(RLJOB_API, "RLJob", namespace, name)
-            if body is None or body["metadata"].get("deletionTimestamp"):
-                return
-            try:
-                self._reconcile(body, full=full or self.settings.always_full)
-            except ApiError as exc:
-                if exc.status == 403 and "NamespaceTerminating" in exc.body:
-                    return  # the namespace is going, and the RLJob with it: nothing to build or retry
-                raise
+            self._pass(namespace, name, full=full or self.settings.always_full)
+
+    def _pass(self, namespace: str, name: str, *, full: bool) -> None:
+        body = self.kube.get(RLJOB_API, "RLJob", namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return
+        try:
+            self._reconcile(body, full=full)
+        except ApiError as exc:
+            if exc.status == 403 and "NamespaceTerminating" in exc.body:
+                return  # the namespace is going, and the RLJob with it: nothing to build or retry
+            self._report_error(body, exc)
+            raise
+
+    def _report_error(self, body: dict[str, Any], exc: ApiError) -> None:
+        """Say on the RLJob why the pass failed (Ready=False, ReconcileError, one event): kopf
+        retries the pass, but posts no event and writes no status of its own."""
+        try:
+            stored = RLJobStatus.model_validate(body.get("status") or {})
+        except ValidationError:
+            stored = RLJobStatus()
+        generation = body["metadata"].get("generation", 1)
+        message = f"{exc.status} {exc.reason}: {exc.message}"[:1000]
+        try:
+            self._hold(body, stored, generation, "ReconcileError", message, time.time())
+        except ApiError as again:  # the API server may be what failed; the original error is raised
+            self.log.warning("could not report a reconcile error on the RLJob: %s", again)
 
     # ---- steps -------------------------------------------------------------------------------
 
@@ -196,17 +214,24 @@ class Reconciler:
             or (creating and decision.action == "apply")
             or (not full and self._child_deleted(others, names, managed, now))
         )
+        apply_trainer = decision.action == "apply" and (creating or full or prev.observed_generation != generation)
+        if apply_trainer and creating and self._gang_terminating(trainer):
+            # The previous gang's objects are still going (a PodGroup waits for its pods): a new
+            # Job must not join a group that is about to vanish. Try again next pass.
+            decision = TrainerDecision("wait", "GangRestarting", "waiting for the previous gang objects to go")
+            apply_trainer = False
         if full or missing or prev.observed_generation != generation:
             # All or nothing: a child the API server refuses (an immutable field, an admission
-            # policy) must not leave the others on the new spec and the rest on the old one.
-            refused = self._refusal(others)
+            # policy, a quota on Jobs, a gang webhook) must not leave the others on the new spec
+            # and the rest on the old one, nor workers and Redis running for a gang never created.
+            refused = self._refusal(others + (self._dry_runnable(trainer) if apply_trainer else []))
             if refused:
                 self._hold(body, stored, generation, "ApplyRejected", refused, now)
                 return
             if managed:
-                foreign = self._ensure_secret(job, uid)
-                if foreign:
-                    self._hold(body, stored, generation, "SecretNotOwned", foreign, now)
+                held = self._ensure_secret(job, uid)
+                if held:
+                    self._hold(body, stored, generation, *held, now)
                     return
             for manifest in others:
                 self.kube.apply(manifest)
@@ -222,13 +247,11 @@ class Reconciler:
                 self._hold(body, stored, generation, "ApplyRejected", _refusal_message(deployment, exc), now)
                 return
 
-        if decision.action == "apply" and creating and self._gang_terminating(trainer):
-            # The previous gang's objects are still going (a PodGroup waits for its pods): a new
-            # Job must not join a group that is about to vanish. Try again next pass.
-            decision = TrainerDecision("wait", "GangRestarting", "waiting for the previous gang objects to go")
-        elif decision.action == "apply" and (creating or full or prev.observed_generation != generation):
-            for manifest in trainer:
-                self.kube.apply(manifest)
+        if apply_trainer:
+            refused = self._apply_refusal(trainer)
+            if refused:  # the dry run let it through, the API server did not (a quota used meanwhile)
+                self._hold(body, stored, generation, "ApplyRejected", refused, now)
+                return
         elif decision.action in ("restart", "delete", "fail"):
             self._delete_gang(names)
         if decision.action in ("restart", "fail") and decision.failed_uid:
@@ -256,6 +279,31 @@ class Reconciler:
         for manifest in manifests:
             try:
                 self.kube.apply(manifest, dry_run=True)
+            except ApiError as exc:
+                if _refused(exc):
+                    return _refusal_message(manifest, exc)
+                raise
+        return None
+
+    def _dry_runnable(self, trainer: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The trainer manifests a dry run can judge. A Workload PodGroup names its Workload, and
+        the API server refuses it while that does not exist, which a dry run of the Workload does
+        not change: it is checked only once its Workload exists (else by the apply itself)."""
+        out = []
+        for manifest in trainer:
+            ref = manifest.get("spec", {}).get("podGroupTemplateRef", {}).get("workload", {}).get("workloadName")
+            ns = manifest["metadata"]["namespace"]
+            if ref and self.kube.get(manifest["apiVersion"], "Workload", ns, ref) is None:
+                continue
+            out.append(manifest)
+        return out
+
+    def _apply_refusal(self, manifests: list[dict[str, Any]]) -> str | None:
+        """Apply `manifests` in order; why the API server refused one, or None. Errors that are
+        not refusals raise, as in `_refusal`."""
+        for manifest in manifests:
+            try:
+                self.kube.apply(manifest)
             except ApiError as exc:
                 if _refused(exc):
                     return _refusal_message(manifest, exc)
@@ -340,11 +388,12 @@ class Reconciler:
             if kind not in ("Deployment", "StatefulSet")
         )
 
-    def _ensure_secret(self, job: RLJob, uid: str) -> str | None:
-        """Create the Redis Secret if absent and remember its password. Returns why the pass must
-        wait when a Secret of that name belongs to someone else: a deleted RLJob of the same name
-        whose children the garbage collector has not removed yet. Adopting it would hand this job
-        a password that disappears with it."""
+    def _ensure_secret(self, job: RLJob, uid: str) -> tuple[str, str] | None:
+        """Create the Redis Secret if absent and remember its password. Returns (reason, message)
+        when the pass must wait: the API server refused the Secret (a quota, a policy), or one of
+        that name belongs to someone else, a deleted RLJob of the same name whose children the
+        garbage collector has not removed yet. Adopting it would hand this job a password that
+        disappears with it."""
         import base64
 
         key = (job.metadata.namespace, job.metadata.name)
@@ -353,13 +402,19 @@ class Reconciler:
         if found is None:
             self._passwords.pop(key, None)
             plan = RenderPlan(uid=uid, rollout_replicas=0)
-            self.kube.create(render_redis_secret(job, plan, pysecrets.token_urlsafe(32)))
+            secret = render_redis_secret(job, plan, pysecrets.token_urlsafe(32))
+            try:
+                self.kube.create(secret)
+            except ApiError as exc:
+                if not _refused(exc):
+                    raise
+                return "ApplyRejected", _refusal_message(secret, exc)  # the API server's words, no value
             found = self.kube.get("v1", "Secret", names.namespace, names.redis_secret)
         if found is None:
-            return f"Secret {names.redis_secret} was deleted as it was created; trying again"
+            return "SecretNotOwned", f"Secret {names.redis_secret} was deleted as it was created; trying again"
         if not controlled_by(found, uid):
             self._passwords.pop(key, None)
-            return (
+            return "SecretNotOwned", (
                 f"Secret {names.redis_secret} belongs to another owner (a deleted RLJob of the same name?); "
                 "waiting for it to be deleted"
             )
