@@ -734,7 +734,7 @@ def test_a_trainer_the_api_server_refuses_builds_nothing_and_says_why(ops: Ops, 
     wait_for(lambda: ops.running(ns, "trainer", "quota", 2), timeout=90, what="built once the quota is gone")
 
 
-def test_an_api_error_is_reported_on_the_job(ops: Ops, ns: str) -> None:
+def test_an_api_error_is_reported_on_the_job_and_counted(ops: Ops, ns: str) -> None:
     # A webhook that cannot be reached (failurePolicy Fail) makes the API server answer 500, not a
     # refusal: the pass raises (kopf retries it), and the RLJob says so, once as an event.
     webhook = {
@@ -754,6 +754,7 @@ def test_an_api_error_is_reported_on_the_job(ops: Ops, ns: str) -> None:
             "timeoutSeconds": 2,
         }],
     }  # fmt: skip
+    errors = ops.operator.metrics().get("rljob_operator_reconcile_errors_total", 0.0)
     ops.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(webhook))
     try:
         ops.apply(ns, tiny("broken"))
@@ -765,10 +766,14 @@ def test_an_api_error_is_reported_on_the_job(ops: Ops, ns: str) -> None:
         time.sleep(3)  # passes keep failing (timer every second): still one event
         events = ops.json("get", "events", "-n", ns, "--field-selector", "reason=ReconcileError")["items"]
         assert len(events) == 1 and sum(e.get("count", 1) for e in events) == 1, events
+        metrics = ops.operator.metrics()
+        assert metrics["rljob_operator_reconcile_errors_total"] >= errors + 2
     finally:
         ops.cluster.kubectl("delete", "validatingwebhookconfiguration", f"down-{ns}", check=False)
     # kopf retries a handler or timer that raised after its backoff (60 s).
     wait_for(lambda: ops.json("get", "configmap", "broken-config", "-n", ns), timeout=90, what="built after all")
+    wait_for(lambda: time.time() - ops.operator.metrics()["rljob_operator_last_successful_reconcile_timestamp_seconds"]
+             < 10, timeout=30, what="a successful pass in the metrics")  # fmt: skip
 
 
 GROUP_SIZE_MAXIMUM = (

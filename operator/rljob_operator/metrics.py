@@ -6,6 +6,10 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 API_CALLS = Counter("rljob_operator_api_calls_total", "Kubernetes API requests made", ["verb"])
 RECONCILES = Counter("rljob_operator_reconciles_total", "Reconcile passes", ["kind"])
+RECONCILE_ERRORS = Counter("rljob_operator_reconcile_errors_total", "Reconcile passes that raised (kopf retries them)")
+LAST_SUCCESS = Gauge(
+    "rljob_operator_last_successful_reconcile_timestamp_seconds", "Unix time the last pass without an error ended"
+)
 RECONCILE_SECONDS = Histogram("rljob_operator_reconcile_seconds", "Duration of one reconcile pass")
 GANG_RESTARTS = Counter("rljob_operator_gang_restarts_total", "Trainer gang restarts after failures")
 JOB_STEP = Gauge("rljob_job_step", "Optimiser steps finished", ["namespace", "name"])

@@ -93,9 +93,16 @@ class Reconciler:
                 gauge.remove(namespace, name)
 
     def reconcile(self, namespace: str, name: str, *, full: bool) -> None:
+        """One pass; a pass that raises is counted (`reconcile_errors_total`), since attempts alone
+        cannot tell a healthy operator from one failing every pass."""
         prom.RECONCILES.labels(kind="full" if full else "timer").inc()
-        with prom.RECONCILE_SECONDS.time(), self._lock((namespace, name)):
-            self._pass(namespace, name, full=full or self.settings.always_full)
+        try:
+            with prom.RECONCILE_SECONDS.time(), self._lock((namespace, name)):
+                self._pass(namespace, name, full=full or self.settings.always_full)
+        except Exception:
+            prom.RECONCILE_ERRORS.inc()
+            raise
+        prom.LAST_SUCCESS.set_to_current_time()
 
     def _pass(self, namespace: str, name: str, *, full: bool) -> None:
         body = self.kube.get(RLJOB_API, "RLJob", namespace, name)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from rljob.config import RLJob
 from rljob.protocol import TrainerMetrics
 from rljob_operator.api import RLJobStatus
@@ -364,3 +366,21 @@ def test_a_finished_job_reports_its_rollouts_going_to_zero() -> None:
     assert (gone.rollouts, gone.rollout_replicas_ready, gone.rollout_replicas_desired) == ("0/0", 0, 0)
     assert gone.phase == "Succeeded" and gone.conditions == done.conditions
     assert finished_rollouts(done, None).rollouts == "0/0"  # the Deployment already deleted
+
+
+def test_a_failing_pass_is_counted_as_an_error() -> None:
+    """`reconciles_total` counts attempts; the errors counter tells a failing operator apart."""
+    import logging
+
+    from prometheus_client import REGISTRY
+
+    from rljob_operator.reconcile import Reconciler
+
+    settings = OperatorSettings("rljob-system", "keda", 1.0, 1.0, 10.0, redis_timeout_seconds=0.5, metrics_port=0)
+    broken = Reconciler(kube=None, settings=settings, post_event=lambda *a: None, log=logging.getLogger("t"))  # type: ignore[arg-type]
+    before = REGISTRY.get_sample_value("rljob_operator_reconcile_errors_total") or 0.0
+    last = REGISTRY.get_sample_value("rljob_operator_last_successful_reconcile_timestamp_seconds")
+    with pytest.raises(AttributeError):  # no client at all: the first read fails
+        broken.reconcile("ns", "j", full=False)
+    assert REGISTRY.get_sample_value("rljob_operator_reconcile_errors_total") == before + 1
+    assert REGISTRY.get_sample_value("rljob_operator_last_successful_reconcile_timestamp_seconds") == last
