@@ -51,6 +51,7 @@ from rljob_operator.status import (
     iso,
     parse_time,
     preflight_outcome,
+    rollouts_forced_off,
 )
 
 PREFLIGHT_REASONS = ("GangProviderUnavailable", "KedaUnavailable", "RedisSecretNotFound", "VolumeClaimNotFound")
@@ -119,10 +120,7 @@ class Reconciler:
     def _report_error(self, body: dict[str, Any], exc: ApiError) -> None:
         """Say on the RLJob why the pass failed (Ready=False, ReconcileError, one event): kopf
         retries the pass, but posts no event and writes no status of its own."""
-        try:
-            stored = RLJobStatus.model_validate(body.get("status") or {})
-        except ValidationError:
-            stored = RLJobStatus()
+        stored = _stored_status(body)
         generation = body["metadata"].get("generation", 1)
         message = f"{exc.status} {exc.reason}: {exc.message}"[:1000]
         try:
@@ -136,10 +134,7 @@ class Reconciler:
         meta = body["metadata"]
         ns, name, uid, generation = meta["namespace"], meta["name"], meta["uid"], meta.get("generation", 1)
         now = time.time()
-        try:
-            prev = RLJobStatus.model_validate(body.get("status") or {})
-        except ValidationError:
-            prev = RLJobStatus()
+        prev = _stored_status(body)
         try:
             job = RLJob.model_validate({"metadata": {"name": name, "namespace": ns}, "spec": body.get("spec") or {}})
         except ValidationError as exc:
@@ -189,7 +184,7 @@ class Reconciler:
         else:
             metrics, backlog, metrics_error = self._read_redis(job)
         current = int((obs.rollout or {}).get("spec", {}).get("replicas", job.spec.rollout.min_replicas) or 0)
-        if job.spec.suspend or decision.action in ("fail", "succeeded"):
+        if rollouts_forced_off(job, decision):
             desired = 0
         elif job.spec.rollout.autoscaler == "keda":
             desired = max(current, job.spec.rollout.min_replicas)
@@ -245,17 +240,13 @@ class Reconciler:
             if job.spec.rollout.autoscaler != "keda" and self._api_available(KEDA_API):
                 self._delete_keda(names)  # switched away from KEDA: its HPA must stop writing replicas
         elif desired != current:
-            deployment = next(c for c in others if c["kind"] == "Deployment")
-            try:
-                self.kube.apply(deployment)
-            except ApiError as exc:
-                if not _refused(exc):
-                    raise
-                self._hold(body, stored, generation, "ApplyRejected", _refusal_message(deployment, exc), now)
+            refused = self._refusal([c for c in others if c["kind"] == "Deployment"], dry_run=False)
+            if refused:
+                self._hold(body, stored, generation, "ApplyRejected", refused, now)
                 return
 
         if apply_trainer:
-            refused = self._apply_refusal(trainer)
+            refused = self._refusal(trainer, dry_run=False)
             if refused:  # the dry run let it through, the API server did not (a quota used meanwhile)
                 self._hold(body, stored, generation, "ApplyRejected", refused, now)
                 return
@@ -279,13 +270,13 @@ class Reconciler:
         prom.ROLLOUT_DESIRED.labels(ns, name).set(desired)
         self._write_status(body, stored, st)
 
-    def _refusal(self, manifests: list[dict[str, Any]]) -> str | None:
-        """Why the API server would refuse one of `manifests` (a dry-run apply of each), or None.
-        Only a refusal of the request itself counts; anything else (conflicts, throttling,
-        server errors) raises as before, and the pass is retried."""
+    def _refusal(self, manifests: list[dict[str, Any]], *, dry_run: bool = True) -> str | None:
+        """Why the API server refuses one of `manifests` (applied in order; a dry run by default),
+        or None. Only a refusal of the request itself counts; anything else (conflicts,
+        throttling, server errors) raises as before, and the pass is retried."""
         for manifest in manifests:
             try:
-                self.kube.apply(manifest, dry_run=True)
+                self.kube.apply(manifest, dry_run=dry_run)
             except ApiError as exc:
                 if _refused(exc):
                     return _refusal_message(manifest, exc)
@@ -304,18 +295,6 @@ class Reconciler:
                 continue
             out.append(manifest)
         return out
-
-    def _apply_refusal(self, manifests: list[dict[str, Any]]) -> str | None:
-        """Apply `manifests` in order; why the API server refused one, or None. Errors that are
-        not refusals raise, as in `_refusal`."""
-        for manifest in manifests:
-            try:
-                self.kube.apply(manifest)
-            except ApiError as exc:
-                if _refused(exc):
-                    return _refusal_message(manifest, exc)
-                raise
-        return None
 
     def _hold(self, body: dict[str, Any], stored: RLJobStatus, generation: int, reason: str, message: str,
               now: float) -> None:  # fmt: skip
@@ -547,6 +526,14 @@ class Reconciler:
         done = parse_time(prev.completion_time)
         if ttl is not None and done is not None and now >= done + ttl:
             self.kube.delete(RLJOB_API, "RLJob", ns, name, propagation="Background")
+
+
+def _stored_status(body: dict[str, Any]) -> RLJobStatus:
+    """The status the RLJob holds; an unreadable one (written by another version) reads as empty."""
+    try:
+        return RLJobStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        return RLJobStatus()
 
 
 def _refused(exc: ApiError) -> bool:

@@ -210,21 +210,32 @@ def finished_rollouts(prev: RLJobStatus, rollout: dict[str, Any] | None) -> RLJo
     """A finished job's rollout numbers from its Deployment as it scales to zero: the completing
     pass read "ready" before the scale-down, and no later pass recomputes the status."""
     st = prev.model_copy(deep=True)
-    ready = int((rollout or {}).get("status", {}).get("readyReplicas", 0) or 0)
-    st.rollout_replicas_desired = 0
-    st.rollout_replicas_ready = ready
-    st.rollouts = f"{ready}/0"
+    _set_rollouts(st, rollout, 0)
     return st
+
+
+def _set_rollouts(st: RLJobStatus, rollout: dict[str, Any] | None, desired: int) -> int:
+    """Write the rollout Deployment's ready and desired counts into `st`; returns the ready count."""
+    ready = int((rollout or {}).get("status", {}).get("readyReplicas", 0) or 0)
+    st.rollout_replicas_desired = desired
+    st.rollout_replicas_ready = ready
+    st.rollouts = f"{ready}/{desired}"
+    return ready
 
 
 def failed_reason(st: RLJobStatus) -> str | None:
     return next((c.reason for c in st.conditions if c.type == "Failed" and c.status == "True"), None)
 
 
+def rollouts_forced_off(job: RLJob, decision: TrainerDecision) -> bool:
+    """Whether the job wants no rollout workers whatever the backlog: suspended or finishing."""
+    return job.spec.suspend or decision.action in ("fail", "succeeded")
+
+
 def idle_at_zero(job: RLJob, decision: TrainerDecision) -> bool:
     """Zero rollout workers is what a running job with `minReplicas: 0` and no backlog asks for:
     healthy, not a missing component (unlike zero because suspended or finished)."""
-    return job.spec.rollout.min_replicas == 0 and not job.spec.suspend and decision.action not in ("fail", "succeeded")
+    return job.spec.rollout.min_replicas == 0 and not rollouts_forced_off(job, decision)
 
 
 def compute_status(
@@ -260,10 +271,7 @@ def compute_status(
 
     replicas = job.spec.trainer.replicas
     running = running_members(obs.trainer_job, obs.trainer_pods)
-    ready_rollouts = int((obs.rollout or {}).get("status", {}).get("readyReplicas", 0) or 0)
-    st.rollout_replicas_desired = rollout_desired
-    st.rollout_replicas_ready = ready_rollouts
-    st.rollouts = f"{ready_rollouts}/{rollout_desired}"
+    ready_rollouts = _set_rollouts(st, obs.rollout, rollout_desired)
 
     if decision.action == "fail" or prev.phase == "Failed":
         phase = "Failed"

@@ -127,10 +127,10 @@ class VLLMEngine(GenerationEngine):
         the served version is not advanced."""
         shadow = self._shadow_weights()
         outcome = reader.sync(shadow)
-        names = sorted(self._unpushed.union(outcome.changed))
-        if names:
-            self._unpushed.update(names)
-            self.llm.collective_rpc(_load_weights_in_worker, args=([(name, shadow[name]) for name in names],))
+        self._unpushed.update(outcome.changed)
+        if self._unpushed:
+            weights = [(name, shadow[name]) for name in sorted(self._unpushed)]
+            self.llm.collective_rpc(_load_weights_in_worker, args=(weights,))
             self._unpushed.clear()
             if self.llm.reset_prefix_cache() is False:
                 # vLLM keeps the cache while blocks are in use; cached prefixes would mix old weights' KV
