@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from rljob.embedded_redis import EmbeddedRedis, RedisNotInstalled
+
+REPO = Path(__file__).resolve().parent
+# pyproject's `pythonpath` puts this checkout's packages first for pytest itself; the processes
+# tests start (the operator, `python -m rljob`, workers) get them through PYTHONPATH, so they too
+# run this checkout's code, not what the shared venv's editable install points at.
+_OWN_PATHS = [str(REPO / "workers"), str(REPO / "operator")]
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    _OWN_PATHS + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in _OWN_PATHS]
+)
 
 
 @pytest.fixture

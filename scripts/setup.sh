@@ -96,6 +96,10 @@ fi
 if ! "$RLJOB_VENV/bin/python" -c "import rljob, sys; sys.exit(not rljob.__file__.startswith('$repo/'))" 2>/dev/null; then
   "$RLJOB_VENV/bin/pip" install -q --no-deps -e "$repo"
 fi
+# One venv serves every checkout on the machine, and its editable install points at whichever set
+# up last: this checkout's packages come first on the path, for this shell and what it starts, so
+# two checkouts running at once each run their own code.
+export PYTHONPATH="$repo/workers:$repo/operator${PYTHONPATH:+:$PYTHONPATH}"
 # The HotpotQA sample is not in the repository: it sits beside it (../shared/data/hotpotqa) or
 # wherever RLJOB_DATA_DIR points. Said once here rather than by every test that reads it.
 "$RLJOB_VENV/bin/python" -c "from rljob.assets import hotpotqa_dir; hotpotqa_dir()" \
