@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build the e2e control plane from the Go module proxy: kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl (Kubernetes 1.36), etcd 3.6, the kwok controller and helm v3.
-# Binaries land in a cache directory outside the repo, keyed by versions, and are built only
-# when missing. Prints the directory holding the binaries as its last line.
+# Binaries land in a cache directory outside the repo, keyed by versions, and are built only when
+# missing or when what they are built from changed (their pinning module under gomod/, package or
+# ldflags: a stamp beside each binary). Prints the directory holding the binaries as its last line.
 set -euo pipefail
 
 KUBE_VERSION=v1.36.3
@@ -21,13 +22,28 @@ build_date="2026-01-01T00:00:00Z"
 
 log() { printf '[cluster-build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
+# The key of what NAME is made from: its pinning module's files (go.mod, go.sum, sources) and the
+# rest of the arguments (package, ldflags). An edit under gomod/ rebuilds what it pins; Go's own
+# build cache keeps such a rebuild short when little changed.
+key_of() {
+  local dir=$1; shift
+  { (cd "$here/gomod/$dir" && find . -type f | LC_ALL=C sort | xargs sha256sum); printf '%s\n' "$@"; } \
+    | sha256sum | cut -c1-16
+}
+
+# fresh NAME KEY: NAME is in the cache and was made from KEY.
+fresh() { [[ -e "$bin_dir/$1" && "$(cat "$bin_dir/$1.key" 2>/dev/null)" == "$2" ]]; }
+
 # build NAME MODULE_DIR PACKAGE LDFLAGS: go build with a heartbeat so long builds show progress.
 build() {
   local name=$1 dir=$2 pkg=$3 ldflags=$4
-  if [[ -x "$bin_dir/$name" ]]; then
+  local key
+  key="$(key_of "$dir" "$pkg" "$ldflags")"
+  if fresh "$name" "$key"; then
     log "$name: cached"
     return
   fi
+  [[ -e "$bin_dir/$name" ]] && log "$name: its module or build flags changed"
   log "$name: building $pkg (this is the slow part on a cold cache)"
   local start=$SECONDS
   ( while sleep 30; do log "$name: still building ($((SECONDS - start))s)"; done ) &
@@ -35,6 +51,7 @@ build() {
   trap 'kill $ticker 2>/dev/null || true' RETURN
   (cd "$here/gomod/$dir" && go build -ldflags "-s -w $ldflags" -o "$bin_dir/$name.tmp" "$pkg")
   mv "$bin_dir/$name.tmp" "$bin_dir/$name"
+  echo "$key" > "$bin_dir/$name.key"
   log "$name: built in $((SECONDS - start))s"
 }
 
@@ -60,7 +77,8 @@ build helm helm helm.sh/helm/v3/cmd/helm "$helm_ldflags"
 
 # kwok's own fast stages (node init + heartbeat, pod ready + delete) from the pinned module. Pods
 # stay Running: pod-complete is left out so tests decide when a Job's pods finish.
-if [[ ! -s "$bin_dir/kwok-stages.yaml" ]]; then
+stages_key="$(key_of kwok stages)"
+if ! fresh kwok-stages.yaml "$stages_key"; then
   kwok_dir="$(cd "$here/gomod/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
   {
     for f in node/fast/node-initialize.yaml node/heartbeat/node-heartbeat.yaml pod/fast/pod-ready.yaml pod/fast/pod-delete.yaml; do
@@ -68,6 +86,7 @@ if [[ ! -s "$bin_dir/kwok-stages.yaml" ]]; then
     done
   } > "$bin_dir/kwok-stages.yaml.tmp"
   mv "$bin_dir/kwok-stages.yaml.tmp" "$bin_dir/kwok-stages.yaml"
+  echo "$stages_key" > "$bin_dir/kwok-stages.yaml.key"
   log "kwok stages written"
 fi
 # KEDA's own CRDs (ScaledObject, TriggerAuthentication) from its pinned Go module, for the tests
