@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rljob.ports import free_port
+
 HERE = Path(__file__).resolve().parent
 KUBE_VERSION = "v1.36.3"
 # Kubernetes' own gang scheduling: the Workload API (scheduling.k8s.io/v1alpha2) and the
@@ -42,12 +44,6 @@ class FakeNodeSpec:
 
 def log(msg: str) -> None:
     print(f"[cluster {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def build_binaries() -> Path:

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from rljob.config import RLJob
-from rljob.embedded_redis import free_port
+from rljob.ports import free_port
 from rljob_operator.render import RenderPlan, render_children
 
 

@@ -8,8 +8,9 @@ import logging
 import pytest
 
 from rljob.config import RLJob
-from rljob.embedded_redis import EmbeddedRedis, free_port
+from rljob.embedded_redis import EmbeddedRedis
 from rljob.keys import ROLLOUT_GROUP, JobKeys
+from rljob.ports import free_port
 from rljob.protocol import TrainerMetrics
 from rljob_operator.api import RLJobStatus
 from rljob_operator.reconcile import Reconciler

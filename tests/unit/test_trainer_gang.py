@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,15 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from rljob.ports import free_port
 from rljob.trainer.toy import run_toy_training
 
 SPEC = '{"micro_batch_size": 3, "questions_per_step": 3}'
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _toy_cmd(*args: str) -> list[str]:
@@ -45,7 +39,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_two_gloo_ranks_equal_one_process(tmp_path: Path) -> None:
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in range(2):
         # rank 1 comes from JOB_COMPLETION_INDEX, as in an Indexed Job
@@ -90,7 +84,7 @@ def test_resume_from_checkpoint_is_bit_identical(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_dead_member_fails_the_survivor_loudly(tmp_path: Path) -> None:
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in range(2):
         env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2", RANK=str(rank),

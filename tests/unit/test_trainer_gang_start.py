@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import pytest
 import torch
 
 from rljob.config import RLJob
+from rljob.ports import free_port
 from rljob.trainer import loop
 from rljob.trainer.checkpoint import STATE_FILE, save_checkpoint
 from rljob.trainer.distributed import Gang, all_reduce_sum, close_gang, init_gang
@@ -97,12 +97,6 @@ def _main() -> None:
 # -- the tests ------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(rank: int, port: int, directory: Path, out: Path, *extra: str, timeout_s: str = "300") -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in {"RANK", "WORLD_SIZE", "JOB_COMPLETION_INDEX"}}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
@@ -168,7 +162,7 @@ def test_gang_resume_equals_one_process_and_holds_one_copy(tmp_path: Path, monke
     ckpt = tmp_path / "ckpt"
     size = (_save_checkpoint(ckpt, BIG_VOCAB) / STATE_FILE).stat().st_size
     dirs = [ckpt, ckpt if rank1_sees_it else tmp_path / "empty"]
-    port = _free_port()
+    port = free_port()
     outs = [tmp_path / f"rank{r}.pt" for r in range(2)]
     _finish([_start(r, port, dirs[r], outs[r], "--vocab", str(BIG_VOCAB)) for r in range(2)])
 
@@ -186,7 +180,7 @@ def test_a_member_starting_and_loading_later_than_the_collective_timeout_joins(t
     timeout (an image pull, a download, a cold disk): the gang waits on the long-timeout store and
     control group, never in a main-group collective. Any one of the three failed the gang before."""
     _save_checkpoint(tmp_path, SMALL_VOCAB)
-    port = _free_port()
+    port = free_port()
     first = _start(0, port, tmp_path, tmp_path / "rank0.pt", timeout_s="2")
     assert first.stdout.readline().strip() == "joining"
     time.sleep(3)  # and rank 1 still has to import torch

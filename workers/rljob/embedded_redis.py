@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from rljob.parent_death import guarded
+from rljob.ports import free_port
 
 INSTALL_HINT = "install it with: apt-get install -y redis-server (Debian/Ubuntu) or brew install redis"
 
@@ -29,12 +30,6 @@ class _PortTaken(RuntimeError):
 
 # Ports tried by a server whose port was picked for it, before its start fails.
 _PORT_ATTEMPTS = 5
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def find_redis_server() -> str:

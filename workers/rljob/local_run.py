@@ -23,8 +23,9 @@ from pathlib import Path
 import yaml
 
 from rljob.config import RLJob
-from rljob.embedded_redis import EmbeddedRedis, free_port
+from rljob.embedded_redis import EmbeddedRedis
 from rljob.parent_death import guarded
+from rljob.ports import free_port
 from rljob.runtime_env import WorkerEnv
 
 
