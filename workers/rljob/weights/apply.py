@@ -15,8 +15,15 @@ from collections.abc import Mapping, MutableMapping, Sequence
 import numpy as np
 import torch
 
+from rljob.weights import compiled_apply
 from rljob.weights.checksum import change_sum, change_sum_of_parts
-from rljob.weights.encoding import EncodedDelta, decode_positions, decode_values, needs_old_values
+from rljob.weights.encoding import (
+    EncodedDelta,
+    decode_positions,
+    decode_value_codes,
+    decode_values,
+    needs_old_values,
+)
 from rljob.weights.errors import DeltaFormatError
 from rljob.weights.parallel import TensorPool
 
@@ -147,8 +154,10 @@ def apply_stream(
 
     A tensor may be None where the stream changes nothing in it. Decoding is one call for the
     whole stream; only the gather of the old values and the scatter of the new ones run per tensor
-    (on `pool`). Targets in device memory take `_gather_scatter_in_torch` instead (`in_torch`:
-    None decides by the targets' device; True forces that path, which tests run on CPU tensors).
+    (on `pool`). Dense streams on CPU targets take one compiled kernel per tensor instead
+    (`compiled_apply`, in this thread, which falls back here when it cannot compile). Targets in
+    device memory take `_gather_scatter_in_torch` (`in_torch`: None decides by the targets'
+    device; True forces that path, which tests run on CPU tensors).
     Returns the change sum over the stream's positions (what the targets held before and hold
     now) and the indices of the tensors it changed.
     """
@@ -169,12 +178,19 @@ def apply_stream(
             raise ValueError(f"the delta stream changes tensor {i}, which has no target")
         if target.numel() != sizes[i]:
             raise ValueError(f"tensor {i} has {target.numel()} elements, the delta stream {sizes[i]}")
+    touched = [i for i, _, _ in parts]
+    on_device = in_torch or (in_torch is None and any(_flat(tensors[i]).device.type != "cpu" for i in touched))
+    if not on_device and compiled_apply.wanted(enc.count, enc.numel):
+        steps, codes = decode_value_codes(enc)
+        flats = {i: _flat(tensors[i]) for i in touched}  # type: ignore[arg-type]
+        total = compiled_apply.apply_parts(flats, parts, positions, offsets, codes, steps)
+        if total is not None:
+            return total, touched
     for i, a, b in parts:  # positions local to each tensor, in place (no copy of the whole list)
         positions[a:b] -= offsets[i]
     starts = np.array([a for _, a, _ in parts], dtype=np.intp)
     part_offsets = np.array([offsets[i] for i, _, _ in parts], dtype=np.int64)
-    touched = [i for i, _, _ in parts]
-    if in_torch or (in_torch is None and any(_flat(tensors[i]).device.type != "cpu" for i in touched)):
+    if on_device:
         old, new = _gather_scatter_in_torch(tensors, parts, positions, enc)
         return change_sum_of_parts(positions, old, new, starts, part_offsets), touched
     old = np.empty(positions.size, dtype=np.uint16)

@@ -373,11 +373,11 @@ def _zipped_size_estimate(stream: bytes) -> int | None:
     return min(n, int(sampled / (_ZIP_SAMPLES * _ZIP_SAMPLE_BYTES) * n))
 
 
-def _decode_values(enc: EncodedDelta, streams: list[bytes], old: np.ndarray | None, count: int) -> np.ndarray:
+def _value_codes(enc: EncodedDelta, streams: list[bytes], count: int) -> tuple[bool, np.ndarray]:
+    """The value streams decoded as far as they go without the old values: (False, new patterns)
+    for ``raw``; (True, zig-zag ulp steps, to apply with `ulp_unzigzag`) for the ulp codings."""
     if enc.values == "raw":
-        return _join_planes(streams[0], count)
-    if old is None:
-        raise ValueError("ulp-coded values need the old bit patterns at the changed positions")
+        return False, _join_planes(streams[0], count)
     if enc.values in ("ulpr", "ulpf"):
         if enc.values == "ulpr":
             steps = rice_unpack(streams[0], streams[1], count, enc.value_k)
@@ -390,14 +390,20 @@ def _decode_values(enc: EncodedDelta, streams: list[bytes], old: np.ndarray | No
             steps = unpack_fixed(streams[0], count, enc.value_k, dtype=np.uint16)
         if enc.positions != "dense":
             steps += np.uint16(1)
-        return ulp_unzigzag(old, steps)
+        return True, steps
     if enc.value_width == 1:
         zig = np.frombuffer(streams[0], dtype=np.uint8)
         if zig.size != count:
             raise DeltaFormatError(f"value stream has {zig.size} bytes, expected {count}")
-    else:
-        zig = _join_planes(streams[0], count)
-    return ulp_unzigzag(old, zig)
+        return True, zig
+    return True, _join_planes(streams[0], count)
+
+
+def _decode_values(enc: EncodedDelta, streams: list[bytes], old: np.ndarray | None, count: int) -> np.ndarray:
+    if enc.values != "raw" and old is None:
+        raise ValueError("ulp-coded values need the old bit patterns at the changed positions")
+    steps, codes = _value_codes(enc, streams, count)
+    return ulp_unzigzag(old, codes) if steps else codes
 
 
 def _pack(
@@ -586,6 +592,17 @@ def decode_values(enc: EncodedDelta, old_at_positions: np.ndarray | None) -> np.
     if old is not None and old.size != count:
         raise ValueError(f"{old.size} old values given for {count} positions")
     return _decode_values(enc, streams, old, count)
+
+
+def decode_value_codes(enc: EncodedDelta) -> tuple[bool, np.ndarray]:
+    """`decode_values` short of the old values: (False, new patterns) or (True, zig-zag ulp steps)
+    for the positions `decode_positions` returns, for an apply that reads the old values itself
+    (`compiled_apply`)."""
+    if enc.positions == "none":
+        return False, np.zeros(0, dtype=np.uint16)
+    count = enc.numel if enc.positions == "dense" else enc.count
+    first = _POSITION_STREAMS[enc.positions]
+    return _value_codes(enc, [_stream(enc, i) for i in range(first, len(enc.streams))], count)
 
 
 def needs_old_values(enc: EncodedDelta) -> bool:
