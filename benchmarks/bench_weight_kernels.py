@@ -6,8 +6,10 @@ SmolLM2-135M) at 1% and 10% density, and prints reference / kernel side by side.
 are what the store did before: whole-array expressions whose temporaries are model-sized, a
 per-value comparison, the group-word path of the fixed-width bit packer (each field shifted
 into or out of one word per group), which other widths still take, numpy's fancy indexing for
-the reader's gather and scatter, and the system zlib (Python's `zlib`) where zlib-ng now runs.
-Best of `--reps`, one thread. Writes docs/results/weight_kernels.json.
+the reader's gather and scatter, the system zlib (Python's `zlib`) where zlib-ng now runs, and
+numpy's apply of a whole stream where dense streams now take the compiled kernel (1%, 3%, 10%:
+`weights/compiled_apply.py`, compiled before it is timed). Best of `--reps`, one thread.
+Writes docs/results/weight_kernels.json.
   python benchmarks/bench_weight_kernels.py            # about a minute
   python benchmarks/bench_weight_kernels.py --quick    # a tenth of the values
 """
@@ -15,6 +17,8 @@ Best of `--reps`, one thread. Writes docs/results/weight_kernels.json.
 from __future__ import annotations
 
 import argparse
+import itertools
+import os
 import time
 import zlib
 from collections.abc import Callable
@@ -23,8 +27,8 @@ import numpy as np
 import torch
 from _common import finish, progress
 
-from rljob.weights import bitfields, changes, encoding, intcodes
-from rljob.weights.apply import gather_bits, scatter_bits
+from rljob.weights import bitfields, changes, compiled_apply, encoding, intcodes
+from rljob.weights.apply import apply_stream, gather_bits, scatter_bits
 from rljob.weights.bitfields import field_type, pack_fixed, unpack_fixed
 from rljob.weights.changes import find_changes
 from rljob.weights.checksum import _MASK64, _VALUE_HASH, change_sum_of_parts, chunk_crc
@@ -194,6 +198,51 @@ def apply_rows(base: np.ndarray, changed: np.ndarray, new_v: np.ndarray, density
         lambda: scatter_bits(tensor, changed, new_v))  # fmt: skip
 
 
+def smollm2_sizes(numel: int) -> list[int]:
+    """SmolLM2-135M's 272 tensor sizes (embedding, 30 layers of 9, final norm), scaled to `numel`."""
+    hidden, kv, mlp = 576, 192, 1536
+    layer = [hidden, hidden * hidden, kv * hidden, kv * hidden, hidden * hidden, mlp * hidden, mlp * hidden,
+             hidden * mlp, hidden]  # fmt: skip
+    sizes = [49152 * hidden] + layer * 30 + [hidden]
+    scaled = [max(1, size * numel // sum(sizes)) for size in sizes]
+    scaled[0] += numel - sum(scaled)
+    return scaled
+
+
+def compiled_apply_row(base: np.ndarray, density: float, rng: np.random.Generator, row: Row) -> None:
+    """A whole stream's apply over SmolLM2's tensor layout: numpy's passes against the compiled
+    kernel (`RLJOB_COMPILED_APPLY` off / on), checked bit-equal with equal change sums first."""
+    changed = np.flatnonzero(rng.random(base.size) < density)
+    new = base.copy()
+    new[changed] = from_ordered(
+        to_ordered(base[changed]) + rng.choice(np.array([-2, -1, 1, 2], np.int16), changed.size)
+    )
+    sizes = smollm2_sizes(base.size)
+    cuts = np.cumsum([0, *sizes])
+    olds = [base[a:b] for a, b in itertools.pairwise(cuts)]
+    found = [find_changes(base[a:b], new[a:b]) for a, b in itertools.pairwise(cuts)]
+    enc = encoding.encode_changes(*changes.merge_changes(found, sizes))
+
+    def targets() -> list[torch.Tensor]:
+        return [torch.from_numpy(o.copy().view(np.int16)).view(torch.bfloat16) for o in olds]
+
+    def apply(tensors: list[torch.Tensor], mode: str) -> int:
+        os.environ["RLJOB_COMPILED_APPLY"] = mode
+        try:
+            return apply_stream(tensors, sizes, enc)[0]
+        finally:
+            os.environ.pop("RLJOB_COMPILED_APPLY")
+
+    checked = {mode: (apply(t := targets(), mode), t) for mode in ("off", "on")}  # compiles "on" here
+    assert checked["off"][0] == checked["on"][0] and compiled_apply._broken is None
+    assert all(
+        torch.equal(a.view(torch.int16), b.view(torch.int16))
+        for a, b in zip(checked["off"][1], checked["on"][1], strict=True)
+    )
+    off, on = targets(), targets()  # timed on these: every rep does the same work (values move on)
+    row(f"apply stream ({enc.values}; compiled)", density, lambda: apply(off, "off"), lambda: apply(on, "on"))
+
+
 def fixed_width_rows(bits: int, fields: np.ndarray, density: float, row: Row) -> None:
     packed = pack_fixed(fields, bits)
     assert bitfields._pack_group_words(fields, bits) == packed
@@ -229,6 +278,8 @@ def main() -> None:
 
     for density in (0.01, 0.1):
         kernels_at(density, base, rng, row)
+    for density in (0.01, 0.03, 0.1):
+        compiled_apply_row(base, density, rng, row)
     chunks = [base[a : a + (1 << 21)].data for a in range(0, base.size, 1 << 21)]  # 4 MB, as the store's
     assert [chunk_crc(c) for c in chunks] == [zlib.crc32(c) for c in chunks]
     row("chunk CRC32, whole model (zlib-ng)", 1.0, lambda: [zlib.crc32(c) for c in chunks],

@@ -98,7 +98,7 @@ def test_the_compiled_apply_writes_what_numpy_writes(fresh_state, monkeypatch, d
 
 
 def test_a_dense_stream_takes_it_by_default_and_a_sparse_one_does_not(fresh_state):
-    assert compiled_apply.wanted(30, 1000) and not compiled_apply.wanted(29, 1000)
+    assert compiled_apply.wanted(50, 1000) and not compiled_apply.wanted(49, 1000)
     assert not compiled_apply.wanted(0, 1000)
 
 

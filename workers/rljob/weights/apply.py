@@ -154,7 +154,7 @@ def apply_stream(
 
     A tensor may be None where the stream changes nothing in it. Decoding is one call for the
     whole stream; only the gather of the old values and the scatter of the new ones run per tensor
-    (on `pool`). Dense streams on CPU targets take one compiled kernel per tensor instead
+    (on `pool`). Dense streams (5% and up) on CPU targets take one compiled kernel per tensor instead
     (`compiled_apply`, in this thread, which falls back here when it cannot compile). Targets in
     device memory take `_gather_scatter_in_torch` (`in_torch`: None decides by the targets'
     device; True forces that path, which tests run on CPU tensors).
