@@ -6,6 +6,8 @@ with nothing half-applied."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -30,7 +32,7 @@ def fresh_state(monkeypatch):
     monkeypatch.setattr(compiled_apply, "_broken", None)
     monkeypatch.setenv("RLJOB_COMPILED_APPLY", "auto")
     calls = []
-    original = compiled_apply._compiled
+    original = compiled_apply._compiled_kernel()
 
     def counted(*args):
         calls.append((args[0].dtype, args[0].numel()))
@@ -137,7 +139,7 @@ def test_a_kernel_that_cannot_compile_leaves_numpy_in_use(monkeypatch, caplog):
 
 
 def test_a_kernel_that_computes_wrong_is_caught_before_any_target_is_touched(monkeypatch, caplog):
-    original = compiled_apply._compiled
+    original = compiled_apply._compiled_kernel()
 
     def off_by_one(memory, *args):
         out = original(memory, *args)
@@ -175,3 +177,11 @@ def test_readers_in_threads_apply_at_once(fresh_state):
     for targets in outputs:
         for got, want in zip(targets, news, strict=True):
             assert np.array_equal(bf16_bits(got, exact=True), want)
+
+
+def test_importing_the_weight_store_does_not_import_the_compiler():
+    """torch.compile imports dynamo and inductor (seconds): every trainer, worker and CLI process
+    imports the weight store, and only a reader of a dense delta needs them."""
+    code = "import sys, rljob.weights.apply, rljob.weights.reader; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -68,10 +68,17 @@ def _kernel(
     return (diff * (2 * positions + 1)).sum()
 
 
-_compiled = torch.compile(_kernel, dynamic=True)
+_compiled: Callable[..., torch.Tensor] | None = None  # made on first use: importing dynamo takes seconds
 _lock = threading.Lock()
 _ready: set[tuple[torch.dtype, torch.dtype, bool]] = set()
 _broken: str | None = None  # why the compiled path is off for this process
+
+
+def _compiled_kernel() -> Callable[..., torch.Tensor]:
+    global _compiled
+    if _compiled is None:
+        _compiled = torch.compile(_kernel, dynamic=True)
+    return _compiled
 
 
 def mode() -> str:
@@ -124,7 +131,7 @@ def _prepare(variant: tuple[torch.dtype, torch.dtype, bool]) -> bool:
         expected_sum = _reference(expected, positions, 100, codes, steps)
         try:
             target = torch.from_numpy(memory)
-            got = _compiled(
+            got = _compiled_kernel()(
                 target,
                 torch.from_numpy(positions),
                 torch.tensor(100),
@@ -158,14 +165,14 @@ def apply_parts(
     variants = {(_memory(flats[i]).dtype, codes_t.dtype, steps) for i, a, b in parts if b - a >= MIN_PART}
     if not all(_prepare(variant) for variant in variants):
         return None
-    positions_t = torch.from_numpy(positions)
+    positions_t, kernel = torch.from_numpy(positions), _compiled_kernel()
     total = 0
     with torch.no_grad():
         for i, a, b in parts:
             memory = _memory(flats[i])
             offset = int(offsets[i])
             if b - a >= MIN_PART:
-                total += int(_compiled(memory, positions_t[a:b], torch.tensor(offset), codes_t[a:b], steps))
+                total += int(kernel(memory, positions_t[a:b], torch.tensor(offset), codes_t[a:b], steps))
             else:
                 total += _reference(memory.numpy(), positions[a:b], offset, codes[a:b], steps)
     return total & (2**64 - 1)
