@@ -271,6 +271,7 @@ def record(kind: str, label: str, m: dict, numel: int, full_bytes: int, full: di
         # Every run of every version of the row, not only the best: the machine is noisy.
         "decode_apply_gbps_median": model_bytes / statistics.median(w for t in tries for w in t["dec_all"]) / 1e9,
         "decode_apply_runs": sum(len(t["dec_all"]) for t in tries),
+        "decode_apply_all_s": [w for t in tries for w in t["dec_all"]],
         "decode_apply_cpu_gbps": model_bytes / min(t["dec_cpu"] for t in tries) / 1e9,
         "verify_gbps": model_bytes / m["ver"] / 1e9 if m["ver"] else None,
         "publish_s": min(t["pub_s"] for t in tries),
