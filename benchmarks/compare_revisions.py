@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 METRICS = (
     ("speedup_1_reader", "speed-up vs full, 1 reader", True),
     ("decode_apply_gbps", "decode+apply GB/s, one thread", True),
+    ("decode_apply_gbps_median", "decode+apply GB/s, median of the runs", True),
     ("encode_gbps", "encode GB/s", True),
     ("publish_s", "publish s", False),
     ("latency_1_reader_s", "latency 1 reader s", False),
