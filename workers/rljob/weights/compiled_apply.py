@@ -5,9 +5,10 @@ Why: numpy's apply (`apply.apply_stream`) makes its passes over the changes one 
 each through memory: gather the old patterns, un-zig-zag the ulp steps, scatter the new patterns,
 two table lookups and a weighted sum for the change sum. The kernel reads each change once and
 does all of it there. Over SmolLM2's 272 tensors on one thread (`benchmarks/bench_weight_kernels.py`,
-"apply stream" rows, numpy / compiled): 2.10x at 10% density, 0.93x at 3%, 0.75x at 1%. Each call
-costs about 0.1 ms before any work, and at low density its scattered reads are slower than
-numpy's take and scatter, so it is used from `MIN_DENSITY` up.
+"apply stream" rows, numpy time / compiled time, three runs): 1.18-2.10x at 10% density,
+0.93-1.10x at 3%, 0.57-0.75x at 1%. Each call costs about 0.1 ms before any work, and at low
+density its scattered reads are slower than numpy's take and scatter, so it is used from
+`MIN_DENSITY` up.
 
 The kernel computes exactly what numpy's path does: the same patterns land in the tensor and the
 same change sum comes back (`checksum.change_sum`, int64 arithmetic wrapping mod 2^64).
