@@ -27,10 +27,12 @@ SPECIAL = np.array([0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0xFFFF, 0x7FFF, 0x00
 
 @pytest.fixture(autouse=True)
 def fresh_state(monkeypatch):
-    """Each test sees the compiled path unprobed and on, and its calls listed: (target dtype, size)."""
+    """Each test sees the compiled path unprobed and ``on``, and its calls listed: (target dtype,
+    size)."""
     monkeypatch.setattr(compiled_apply, "_ready", set())
     monkeypatch.setattr(compiled_apply, "_broken", None)
-    monkeypatch.setenv("RLJOB_COMPILED_APPLY", "auto")
+    monkeypatch.setattr(compiled_apply, "_warming", {})
+    monkeypatch.setenv("RLJOB_COMPILED_APPLY", "on")  # compiled in the caller's thread
     calls = []
     original = compiled_apply._compiled_kernel()
 
@@ -99,7 +101,8 @@ def test_the_compiled_apply_writes_what_numpy_writes(fresh_state, monkeypatch, d
         assert np.array_equal(got, want)
 
 
-def test_a_dense_stream_takes_it_by_default_and_a_sparse_one_does_not(fresh_state):
+def test_a_dense_stream_takes_it_by_default_and_a_sparse_one_does_not(fresh_state, monkeypatch):
+    monkeypatch.setenv("RLJOB_COMPILED_APPLY", "auto")
     assert compiled_apply.wanted(50, 1000) and not compiled_apply.wanted(49, 1000)
     assert not compiled_apply.wanted(0, 1000)
 
@@ -185,3 +188,20 @@ def test_importing_the_weight_store_does_not_import_the_compiler():
     code = "import sys, rljob.weights.apply, rljob.weights.reader; print('torch._dynamo' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_by_default_the_kernel_compiles_in_the_background_while_numpy_applies(fresh_state, monkeypatch):
+    """A reader's sync never waits for a compiler: the first dense stream is applied by numpy
+    while the kernel compiles; once it is ready, streams take it."""
+    monkeypatch.setenv("RLJOB_COMPILED_APPLY", "auto")
+    olds, news, enc = _stream(3)
+    sizes = [o.size for o in olds]
+    first = targets_of(olds, torch.bfloat16)
+    apply_stream(first, sizes, enc)
+    assert not any(size == 2000 for _, size in fresh_state)  # numpy applied the first stream
+    assert compiled_apply.wait_until_compiled(timeout=600)
+    second = targets_of(olds, torch.bfloat16)
+    apply_stream(second, sizes, enc)
+    assert sum(size == 2000 for _, size in fresh_state) == 1  # the kernel applied the second
+    for a, b, want in zip(first, second, news, strict=True):
+        assert np.array_equal(bf16_bits(a, exact=True), want) and np.array_equal(bf16_bits(b, exact=True), want)

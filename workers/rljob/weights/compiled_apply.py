@@ -13,11 +13,14 @@ density its scattered reads are slower than numpy's take and scatter, so it is u
 The kernel computes exactly what numpy's path does: the same patterns land in the tensor and the
 same change sum comes back (`checksum.change_sum`, int64 arithmetic wrapping mod 2^64).
 
-Compiling takes seconds and needs a C++ compiler, so every variant a stream needs (target dtype,
-value coding) is compiled and checked against numpy on a small case before the stream's first
-tensor is touched; when that fails (no compiler in the image, say) a warning is logged once and
-numpy's path stays in use. RLJOB_COMPILED_APPLY: ``auto`` (the default), ``on`` (at any density)
-or ``off``.
+Compiling needs a C++ compiler and takes seconds (21-25 s here with an empty inductor cache, about
+5 s with a warm one), so every variant a stream needs (target dtype, value coding) is compiled and
+checked against numpy on a small case before it touches a target; when that fails (no compiler in
+the image, say) a warning is logged once and numpy's path stays in use. RLJOB_COMPILED_APPLY:
+``auto`` (the default): the first dense stream starts the compile in a background thread and is
+applied by numpy, as is every stream until the kernel is ready, so a reader's sync never waits
+for a compiler; ``on``: at any density, compiling in the caller's thread when needed (tests and
+benchmarks, which time the kernel, not the compile); ``off``.
 """
 
 from __future__ import annotations
@@ -71,8 +74,10 @@ def _kernel(
 
 _compiled: Callable[..., torch.Tensor] | None = None  # made on first use: importing dynamo takes seconds
 _lock = threading.Lock()
+_lock_warming = threading.Lock()
 _ready: set[tuple[torch.dtype, torch.dtype, bool]] = set()
 _broken: str | None = None  # why the compiled path is off for this process
+_warming: dict[tuple[torch.dtype, torch.dtype, bool], threading.Thread] = {}  # background compiles
 
 
 def _compiled_kernel() -> Callable[..., torch.Tensor]:
@@ -149,6 +154,32 @@ def _prepare(variant: tuple[torch.dtype, torch.dtype, bool]) -> bool:
         return True
 
 
+def _ready_for(variants: set[tuple[torch.dtype, torch.dtype, bool]], *, wait: bool) -> bool:
+    """Whether every variant is compiled and checked. With `wait`, compile what is missing here;
+    without, start compiling it in the background and answer False until it is done."""
+    missing = [variant for variant in variants if variant not in _ready]
+    if not missing:
+        return True
+    if wait:
+        return all(_prepare(variant) for variant in missing)
+    for variant in missing:
+        with _lock_warming:
+            if variant not in _warming and _broken is None:
+                log.info("compiling the weight apply kernel for %s in the background; numpy applies meanwhile", variant)
+                _warming[variant] = thread = threading.Thread(
+                    target=_prepare, args=(variant,), name="rljob-compile-apply", daemon=True
+                )
+                thread.start()
+    return False
+
+
+def wait_until_compiled(timeout: float | None = None) -> bool:
+    """Join the background compiles started so far; True when the compiled path is usable."""
+    for thread in list(_warming.values()):
+        thread.join(timeout)
+    return _broken is None and all(variant in _ready for variant in _warming)
+
+
 def apply_parts(
     flats: dict[int, torch.Tensor],
     parts: Sequence[tuple[int, int, int]],
@@ -159,12 +190,13 @@ def apply_parts(
 ) -> int | None:
     """Apply a stream's changes, part by part (tensor i takes positions[a:b], stream-wide), into
     the CPU tensors `flats[i]` (flat views); return the change sum. None, with nothing touched,
-    when a variant the stream needs cannot be compiled."""
+    when a variant the stream needs is not compiled yet (``auto``: it is being compiled in the
+    background) or cannot be."""
     if not codes.flags.writeable:  # a view of the payload; torch wants writable memory even to read
         codes = codes.copy()
     codes_t = torch.from_numpy(codes if codes.dtype == np.uint8 else codes.view(np.int16))
     variants = {(_memory(flats[i]).dtype, codes_t.dtype, steps) for i, a, b in parts if b - a >= MIN_PART}
-    if not all(_prepare(variant) for variant in variants):
+    if not _ready_for(variants, wait=mode() == "on"):
         return None
     positions_t, kernel = torch.from_numpy(positions), _compiled_kernel()
     total = 0
