@@ -196,7 +196,10 @@ def apply_parts(
         codes = codes.copy()
     codes_t = torch.from_numpy(codes if codes.dtype == np.uint8 else codes.view(np.int16))
     variants = {(_memory(flats[i]).dtype, codes_t.dtype, steps) for i, a, b in parts if b - a >= MIN_PART}
-    if not _ready_for(variants, wait=mode() == "on"):
+    wait = mode() == "on"
+    if not _ready_for(variants, wait=wait) or (not wait and _lock.locked()):
+        # The second clause: another variant compiling in the background. Dynamo compiling in one
+        # thread while another runs its code is a combination nothing here tests; numpy applies.
         return None
     positions_t, kernel = torch.from_numpy(positions), _compiled_kernel()
     total = 0
