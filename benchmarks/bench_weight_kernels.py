@@ -227,11 +227,15 @@ def compiled_apply_row(base: np.ndarray, density: float, rng: np.random.Generato
         return [torch.from_numpy(o.copy().view(np.int16)).view(torch.bfloat16) for o in olds]
 
     def apply(tensors: list[torch.Tensor], mode: str) -> int:
+        before = os.environ.get("RLJOB_COMPILED_APPLY")
         os.environ["RLJOB_COMPILED_APPLY"] = mode
         try:
             return apply_stream(tensors, sizes, enc)[0]
         finally:
-            os.environ.pop("RLJOB_COMPILED_APPLY")
+            if before is None:
+                os.environ.pop("RLJOB_COMPILED_APPLY")
+            else:
+                os.environ["RLJOB_COMPILED_APPLY"] = before
 
     checked = {mode: (apply(t := targets(), mode), t) for mode in ("off", "on")}  # compiles "on" here
     assert checked["off"][0] == checked["on"][0] and compiled_apply._broken is None

@@ -23,6 +23,7 @@ from rljob.weights.encoding import (
     decode_value_codes,
     decode_values,
     needs_old_values,
+    ulp_unzigzag,
 )
 from rljob.weights.errors import DeltaFormatError
 from rljob.weights.parallel import TensorPool
@@ -178,20 +179,21 @@ def apply_stream(
             raise ValueError(f"the delta stream changes tensor {i}, which has no target")
         if target.numel() != sizes[i]:
             raise ValueError(f"tensor {i} has {target.numel()} elements, the delta stream {sizes[i]}")
-    touched = [i for i, _, _ in parts]
-    on_device = in_torch or (in_torch is None and any(_flat(tensors[i]).device.type != "cpu" for i in touched))
-    if not on_device and compiled_apply.wanted(enc.count, enc.numel):
+    flats = {i: _flat(tensors[i]) for i, _, _ in parts}  # type: ignore[arg-type]
+    touched = list(flats)
+    on_device = in_torch or (in_torch is None and any(flat.device.type != "cpu" for flat in flats.values()))
+    if not on_device:  # decoded once, for the compiled kernel or numpy's passes below
         steps, codes = decode_value_codes(enc)
-        flats = {i: _flat(tensors[i]) for i in touched}  # type: ignore[arg-type]
-        total = compiled_apply.apply_parts(flats, parts, positions, offsets, codes, steps)
-        if total is not None:
-            return total, touched
+        if compiled_apply.wanted(enc.count, enc.numel):
+            total = compiled_apply.apply_parts(flats, parts, positions, offsets, codes, steps)
+            if total is not None:
+                return total, touched
     for i, a, b in parts:  # positions local to each tensor, in place (no copy of the whole list)
         positions[a:b] -= offsets[i]
     starts = np.array([a for _, a, _ in parts], dtype=np.intp)
     part_offsets = np.array([offsets[i] for i, _, _ in parts], dtype=np.int64)
     if on_device:
-        old, new = _gather_scatter_in_torch(tensors, parts, positions, enc)
+        old, new = _gather_scatter_in_torch(flats, parts, positions, enc)
         return change_sum_of_parts(positions, old, new, starts, part_offsets), touched
     old = np.empty(positions.size, dtype=np.uint16)
 
@@ -201,7 +203,7 @@ def apply_stream(
 
     run = (pool or TensorPool(1)).map
     run(gather, parts, cost=lambda part: part[2] - part[1])
-    new = decode_values(enc, old if needs_old_values(enc) else None)
+    new = ulp_unzigzag(old, codes) if steps else codes
 
     def scatter(part: tuple[int, int, int]) -> None:
         i, a, b = part
@@ -212,16 +214,16 @@ def apply_stream(
 
 
 def _gather_scatter_in_torch(
-    tensors: Sequence[torch.Tensor | None], parts: list[tuple[int, int, int]], positions: np.ndarray, enc: EncodedDelta
+    flats: dict[int, torch.Tensor], parts: list[tuple[int, int, int]], positions: np.ndarray, enc: EncodedDelta
 ) -> tuple[np.ndarray, np.ndarray]:
     """Gather, decode and scatter for targets in device memory (one device for the stream).
 
     The positions cross to the device once, the old patterns come back once and the new ones go
     over once; every per-tensor gather and scatter is a device kernel. (Per tensor through
     `gather_bits` / `scatter_bits`, that was three small copies and a synchronisation for each
-    changed tensor.) Returns the old and new patterns as host uint16, for the change sum.
+    changed tensor.) `flats` are the targets' flat views by tensor index. Returns the old and new
+    patterns as host uint16, for the change sum.
     """
-    flats = {i: _flat(tensors[i]) for i, _, _ in parts}  # type: ignore[arg-type]
     device = flats[parts[0][0]].device
     if any(flat.device != device for flat in flats.values()):
         raise ValueError("the targets of one delta stream must share a device")

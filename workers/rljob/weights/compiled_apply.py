@@ -192,15 +192,16 @@ def apply_parts(
     the CPU tensors `flats[i]` (flat views); return the change sum. None, with nothing touched,
     when a variant the stream needs is not compiled yet (``auto``: it is being compiled in the
     background) or cannot be."""
-    if not codes.flags.writeable:  # a view of the payload; torch wants writable memory even to read
-        codes = codes.copy()
-    codes_t = torch.from_numpy(codes if codes.dtype == np.uint8 else codes.view(np.int16))
-    variants = {(_memory(flats[i]).dtype, codes_t.dtype, steps) for i, a, b in parts if b - a >= MIN_PART}
+    codes_dtype = torch.uint8 if codes.dtype == np.uint8 else torch.int16
+    variants = {(_memory(flats[i]).dtype, codes_dtype, steps) for i, a, b in parts if b - a >= MIN_PART}
     wait = mode() == "on"
     if not _ready_for(variants, wait=wait) or (not wait and _lock.locked()):
         # The second clause: another variant compiling in the background. Dynamo compiling in one
         # thread while another runs its code is a combination nothing here tests; numpy applies.
         return None
+    if not codes.flags.writeable:  # a view of the payload; torch wants writable memory even to read
+        codes = codes.copy()
+    codes_t = torch.from_numpy(codes if codes.dtype == np.uint8 else codes.view(np.int16))
     positions_t, kernel = torch.from_numpy(positions), _compiled_kernel()
     total = 0
     with torch.no_grad():

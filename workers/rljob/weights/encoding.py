@@ -399,13 +399,6 @@ def _value_codes(enc: EncodedDelta, streams: list[bytes], count: int) -> tuple[b
     return True, _join_planes(streams[0], count)
 
 
-def _decode_values(enc: EncodedDelta, streams: list[bytes], old: np.ndarray | None, count: int) -> np.ndarray:
-    if enc.values != "raw" and old is None:
-        raise ValueError("ulp-coded values need the old bit patterns at the changed positions")
-    steps, codes = _value_codes(enc, streams, count)
-    return ulp_unzigzag(old, codes) if steps else codes
-
-
 def _pack(
     numel: int,
     count: int,
@@ -586,18 +579,19 @@ def decode_values(enc: EncodedDelta, old_at_positions: np.ndarray | None) -> np.
     if enc.positions == "none":
         return np.zeros(0, dtype=np.uint16)
     count = enc.numel if enc.positions == "dense" else enc.count
-    first = _POSITION_STREAMS[enc.positions]
-    streams = [_stream(enc, i) for i in range(first, len(enc.streams))]
     old = None if old_at_positions is None else as_flat_bits(old_at_positions)
     if old is not None and old.size != count:
         raise ValueError(f"{old.size} old values given for {count} positions")
-    return _decode_values(enc, streams, old, count)
+    if needs_old_values(enc) and old is None:
+        raise ValueError("ulp-coded values need the old bit patterns at the changed positions")
+    steps, codes = decode_value_codes(enc)
+    return ulp_unzigzag(old, codes) if steps else codes
 
 
 def decode_value_codes(enc: EncodedDelta) -> tuple[bool, np.ndarray]:
-    """`decode_values` short of the old values: (False, new patterns) or (True, zig-zag ulp steps)
-    for the positions `decode_positions` returns, for an apply that reads the old values itself
-    (`compiled_apply`)."""
+    """`decode_values` short of the old values: (False, new patterns) or (True, zig-zag ulp steps,
+    to apply with `ulp_unzigzag`) for the positions `decode_positions` returns, for an apply that
+    reads the old values itself."""
     if enc.positions == "none":
         return False, np.zeros(0, dtype=np.uint16)
     count = enc.numel if enc.positions == "dense" else enc.count
