@@ -6,15 +6,15 @@ each through memory: gather the old patterns, un-zig-zag the ulp steps, scatter 
 two table lookups and a weighted sum for the change sum. The kernel reads each change once and
 does all of it there. Over SmolLM2's 272 tensors on one thread (`benchmarks/bench_weight_kernels.py`,
 "apply stream" rows, numpy time / compiled time, three runs): 1.18-2.10x at 10% density,
-0.93-1.10x at 3%, 0.57-0.75x at 1%. Each call costs about 0.1 ms before any work, and at low
-density its scattered reads are slower than numpy's take and scatter, so it is used from
-`MIN_DENSITY` up.
+0.93-1.10x at 3%, 0.57-0.75x at 1%: at low density its 272 calls and scattered reads lose to
+numpy's take and scatter, so it is used from `MIN_DENSITY` up.
 
 The kernel computes exactly what numpy's path does: the same patterns land in the tensor and the
 same change sum comes back (`checksum.change_sum`, int64 arithmetic wrapping mod 2^64).
 
-Compiling needs a C++ compiler and takes seconds (21-25 s here with an empty inductor cache, about
-5 s with a warm one), so every variant a stream needs (target dtype, value coding) is compiled and
+Compiling needs a C++ compiler and takes seconds (`bench_weight_kernels.py --quick`, its first
+"apply stream" row's `first_call_s`: 20.5 s here with an empty TORCHINDUCTOR_CACHE_DIR, 4.0 s with
+a warm one), so every variant a stream needs (target dtype, value coding) is compiled and
 checked against numpy on a small case before it touches a target; when that fails (no compiler in
 the image, say) a warning is logged once and numpy's path stays in use. RLJOB_COMPILED_APPLY:
 ``auto`` (the default): the first dense stream starts the compile in a background thread and is
