@@ -6,7 +6,9 @@ of the values changed: reading the masters and the baseline once (plain sums: th
 cast alone, the whole find pass (cast, compare, positions, gathers) with
 256K- and 1M-element blocks, on 1 and 2 threads; the same pass in torch (`find_changes_torch`, the
 path GPU trainers take) on the CPU, and on CUDA when there is a GPU; and numpy's nonzero on
-unpacked bits read as uint8 vs bool (the reader's unary decoding). Best of `--reps`. Writes
+unpacked bits read as uint8 vs bool (the reader's unary decoding); and the pass on two pool
+threads with torch at its default thread count, each pool thread starting an OpenMP team per op
+or held to one torch thread (`parallel.one_torch_thread_here`). Best of `--reps`. Writes
 docs/results/weight_pass.json.
   python benchmarks/bench_weight_pass.py
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import bench_weight_delta
 import numpy as np
@@ -40,6 +43,16 @@ def best_of(reps: int, run, prepare=lambda: None) -> float:
     return best
 
 
+class ThreadsAsStarted(TensorPool):
+    """A TensorPool whose threads keep torch's process default (what it did before
+    `parallel.one_torch_thread_here`): the baseline of the torch-threads rows."""
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="as-started")
+        return self._pool
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=3)
@@ -48,6 +61,7 @@ def main() -> None:
                         help="the real model, or its shapes with a random init (as bench_weight_delta.py)")  # fmt: skip
     args = parser.parse_args()
     bench_weight_delta.WEIGHTS = args.weights
+    default_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     weights = load_weights()
     shapes = {name: tuple(t.shape) for name, t in weights.items()}
@@ -96,6 +110,22 @@ def main() -> None:
             pool.close()
     finally:
         changes._COMPARE_BLOCK, publisher._CAST_BLOCK = saved
+
+    # torch's own threads inside the pool's: with the process at torch's default (every core), a
+    # pool whose threads start an OpenMP team per op against TensorPool's (one torch thread each).
+    torch.set_num_threads(default_threads)
+    summary["torch_threads_in_pool"] = {"process_torch_threads": default_threads}
+    for label, pool in (("omp team per op", ThreadsAsStarted(2)), ("one torch thread", TensorPool(2))):
+        find = best_of(args.reps, lambda p=pool: p.map(lambda n: pub._find_one(n, source[n], None), order),
+                       reset_baseline)  # fmt: skip
+        summary["torch_threads_in_pool"][label] = find
+        progress(f"threads 2, torch at {default_threads} threads in the process, {label} per pool thread: "
+                 f"find pass {find * 1e3:.0f} ms")  # fmt: skip
+        pool.close()
+    ratio = summary["torch_threads_in_pool"]["omp team per op"] / summary["torch_threads_in_pool"]["one torch thread"]
+    summary["torch_threads_in_pool"]["speedup"] = ratio
+    progress(f"one torch thread per pool thread: x{ratio:.2f}")
+    torch.set_num_threads(1)
 
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for device in devices:

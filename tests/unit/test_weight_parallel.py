@@ -9,6 +9,8 @@ import torch
 
 from rljob.weights.parallel import TensorPool, balanced_batches, cgroup_cpu_limit, default_threads
 
+OPENMP = "parallel backend: OpenMP" in torch.__config__.parallel_info()
+
 
 def test_pool_maps_in_order_on_several_threads():
     pool = TensorPool(3)
@@ -23,6 +25,30 @@ def test_pool_maps_in_order_on_several_threads():
     finally:
         pool.close()
     assert any(name.startswith("weights") for name in seen)
+
+
+@pytest.mark.skipif(not OPENMP, reason="torch here is not built with OpenMP (CI's is)")
+def test_pool_threads_run_torch_on_one_thread_and_leave_the_process_default_alone():
+    """Each pool thread is one core's worth: torch's ops in it must not start a team of every
+    core. Nothing else in the process may change: not the caller, not threads started later."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    pool = TensorPool(2)
+    try:
+        inside = pool.map(lambda _: torch.get_num_threads(), range(8))
+        later: list[int] = []
+        thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        assert inside == [1] * 8
+        assert torch.get_num_threads() == 2 and later == [2]
+        # The work itself is unchanged: a cast in a pool thread equals the caller's.
+        x = torch.randn(1 << 17)
+        expected = x.to(torch.bfloat16)
+        assert pool.map(lambda _: torch.equal(x.to(torch.bfloat16), expected), range(2)) == [True, True]
+    finally:
+        pool.close()
+        torch.set_num_threads(before)
 
 
 def test_items_run_in_a_few_contiguous_batches_of_about_equal_cost():

@@ -6,6 +6,7 @@ Tensors are independent, and numpy, torch and hashlib release the GIL for the bu
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -42,6 +43,29 @@ def default_threads() -> int:
     if limit is not None:
         cores = min(cores, max(1, int(limit)))
     return max(1, min(8, cores))
+
+
+def one_torch_thread_here() -> bool:
+    """Make torch's own ops run on one core in the calling thread only; True when it took.
+
+    A pool thread is one of `threads` already spread over the cores. Left alone, each torch op in
+    it (the publisher's fp32 -> bf16 cast, the reader's scatter) starts an OpenMP team of every
+    core, so two pool threads ran four busy threads on two cores (`benchmarks/bench_weight_pass.py`,
+    "torch threads in the pool" rows, compares the two). `torch.set_num_threads(1)`
+    cannot be used: it also changes the default of every thread the process starts later (a
+    global in ATen). OpenMP's own `omp_set_num_threads` sets the calling thread's value only; the
+    `get_num_threads` first makes torch initialise this thread now, so that it does not overwrite
+    the value later. Without OpenMP (another torch build), nothing changes.
+    """
+    import torch
+
+    torch.get_num_threads()
+    try:
+        set_omp_threads = ctypes.CDLL(None).omp_set_num_threads
+    except (AttributeError, OSError):
+        return False
+    set_omp_threads(1)
+    return torch.get_num_threads() == 1
 
 
 # Batches per thread in `TensorPool.map`: a few, so a thread that drew cheap ones takes another.
@@ -109,7 +133,10 @@ class TensorPool:
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=self._name)
+            # Each pool thread is one core's worth: torch's ops in it stay on that core.
+            self._pool = ThreadPoolExecutor(
+                self.threads, thread_name_prefix=self._name, initializer=one_torch_thread_here
+            )
         return self._pool
 
     def close(self) -> None:
