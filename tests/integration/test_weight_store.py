@@ -226,7 +226,13 @@ def test_redis_killed_at_a_random_moment_of_a_publish_loop(redis_server, redis_c
 
     thread = threading.Thread(target=publish_forever)
     thread.start()
-    time.sleep(1.0)
+    # Kill once a full and a delta have landed (a fixed sleep assumed a machine fast enough to
+    # commit two versions in it), then at a random moment of what follows.
+    deadline = time.monotonic() + 60
+    while (publisher.latest_version or 0) < 1 and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (publisher.latest_version or 0) >= 1, "the publish loop never committed two versions"
+    time.sleep(float(np.random.default_rng().uniform(0.0, 0.5)))
     redis_server.kill()
     stop.set()
     thread.join(timeout=30)
