@@ -695,6 +695,8 @@ def test_a_child_the_api_server_refuses_builds_nothing_and_says_why(ops: Ops, ns
 
     # A running job whose update is refused: it keeps running on the previous spec, untouched
     # (the ConfigMap the workers read is not moved to the new spec either).
+    # Running in the status too, not only its pods: a held update freezes the phase where it was.
+    wait_for(lambda: ops.status(ns, "denied").get("phase") == "Running", timeout=30, what="phase Running")
     config = ops.json("get", "configmap", "denied-config", "-n", ns)["data"]
     generation = ops.status(ns, "denied")["observedGeneration"]
     deny_rollouts_of(ops, ns, "denied")
@@ -791,6 +793,8 @@ def test_a_spec_an_older_crd_lets_through_is_reported_not_built(ops: Ops, ns: st
     a new one fails as InvalidSpec with nothing built, and starts once its spec is fixed."""
     ops.apply(ns, tiny("loose"))
     wait_for(lambda: ops.running(ns, "trainer", "loose", 2), timeout=90, what="trainers")
+    # Running in the status too, not only its pods: a held spec freezes the phase where it was.
+    wait_for(lambda: ops.status(ns, "loose").get("phase") == "Running", timeout=30, what="phase Running")
     trainer_uid = ops.json("get", "job", "loose-trainer", "-n", ns)["metadata"]["uid"]
     config = ops.json("get", "configmap", "loose-config", "-n", ns)["data"]
     generation = ops.status(ns, "loose")["observedGeneration"]
