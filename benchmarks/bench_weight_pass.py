@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import bench_weight_delta
 import numpy as np
@@ -47,10 +46,7 @@ class ThreadsAsStarted(TensorPool):
     """A TensorPool whose threads keep torch's process default (what it did before
     `parallel.one_torch_thread_here`): the baseline of the torch-threads rows."""
 
-    def _executor(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="as-started")
-        return self._pool
+    thread_setup = None
 
 
 def main() -> None:

@@ -45,8 +45,8 @@ def default_threads() -> int:
     return max(1, min(8, cores))
 
 
-def one_torch_thread_here() -> bool:
-    """Make torch's own ops run on one core in the calling thread only; True when it took.
+def one_torch_thread_here() -> None:
+    """Make torch's own ops run on one core in the calling thread only.
 
     A pool thread is one of `threads` already spread over the cores. Left alone, each torch op in
     it (the publisher's fp32 -> bf16 cast, the reader's scatter) starts an OpenMP team of every
@@ -63,9 +63,8 @@ def one_torch_thread_here() -> bool:
     try:
         set_omp_threads = ctypes.CDLL(None).omp_set_num_threads
     except (AttributeError, OSError):
-        return False
+        return
     set_omp_threads(1)
-    return torch.get_num_threads() == 1
 
 
 # Batches per thread in `TensorPool.map`: a few, so a thread that drew cheap ones takes another.
@@ -97,6 +96,10 @@ def balanced_batches(items: list[T], cost: Callable[[T], float] | None, batches:
 
 class TensorPool:
     """`map` over tensors on `threads` threads (in the caller's thread when 1). Started lazily."""
+
+    # Run in each pool thread as it starts: a pool thread is one core's worth, so torch's ops in
+    # it stay on that core.
+    thread_setup: Callable[[], None] | None = staticmethod(one_torch_thread_here)
 
     def __init__(self, threads: int | None = None, name: str = "weights") -> None:
         self.threads = default_threads() if threads is None else threads
@@ -133,10 +136,7 @@ class TensorPool:
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            # Each pool thread is one core's worth: torch's ops in it stay on that core.
-            self._pool = ThreadPoolExecutor(
-                self.threads, thread_name_prefix=self._name, initializer=one_torch_thread_here
-            )
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=self._name, initializer=self.thread_setup)
         return self._pool
 
     def close(self) -> None:
