@@ -149,7 +149,13 @@ def test_two_workers_one_killed_mid_batch(redis_server, redis_client, tmp_path) 
                "--threads", "1"]  # fmt: skip
         return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"{worker_id}.log", "wb"))
 
-    # The victim starts alone so it surely holds work; the survivor joins before the kill.
+    # The victim starts alone so it surely holds work. It is frozen (SIGSTOP) before we read what
+    # it holds: a worker answers and acknowledges in one transaction, so a frozen worker's pending
+    # entries are exactly the prompts it has not answered. Reading while it runs raced: on a fast
+    # machine it answered them all between our look and the kill, and nothing was left to recover.
+    def victim_holds() -> list[str]:
+        return _pending(redis_client, keys.prompts, "victim") + _pending(redis_client, keys.eval_prompts, "victim")
+
     victim = spawn("victim")
     survivor = None
     try:
@@ -158,17 +164,21 @@ def test_two_workers_one_killed_mid_batch(redis_server, redis_client, tmp_path) 
         while not held:
             assert time.monotonic() < deadline, (tmp_path / "victim.log").read_text()[-3000:]
             assert victim.poll() is None, (tmp_path / "victim.log").read_text()[-3000:]
-            held = _pending(redis_client, keys.prompts, "victim") + _pending(redis_client, keys.eval_prompts, "victim")
+            if victim_holds():
+                victim.send_signal(signal.SIGSTOP)
+                held = victim_holds()
+                if not held:  # it answered them just before it froze: look again
+                    victim.send_signal(signal.SIGCONT)
             time.sleep(0.05)
-        survivor = spawn("survivor")
-        victim.send_signal(signal.SIGKILL)  # mid-batch: it holds prompts it has not answered
-        victim.wait(timeout=10)
         held_requests = {
             json.loads(f[b"data"])["request_id"]
             for stream in (keys.prompts, keys.eval_prompts)
             for entry_id, f in redis_client.xrange(stream)
             if entry_id.decode() in held
         }
+        survivor = spawn("survivor")
+        victim.send_signal(signal.SIGKILL)  # mid-batch: it holds prompts it has not answered
+        victim.wait(timeout=10)
         deadline = time.monotonic() + 180
         while True:
             answered = _groups(redis_client, keys.trajectories) + _groups(redis_client, keys.eval_results)
