@@ -62,6 +62,11 @@ class Ops:
     def status(self, ns: str, name: str) -> dict[str, Any]:
         return self.rljob(ns, name).get("status", {})
 
+    def wait_phase(self, ns: str, name: str, phase: str, timeout: float, what: str | None = None) -> None:
+        """Wait until the RLJob's status says `phase` (the status, not its pods: a held update
+        freezes the phase where it was)."""
+        wait_for(lambda: self.status(ns, name).get("phase") == phase, timeout=timeout, what=what or phase)
+
     def condition(self, ns: str, name: str, ctype: str) -> dict[str, Any]:
         return next((c for c in self.status(ns, name).get("conditions", []) if c["type"] == ctype), {})
 
@@ -222,7 +227,7 @@ def test_happy_path_children_pods_status_columns(ops: Ops, ns: str) -> None:
     assert all(p["spec"]["nodeName"].startswith("kwok-gpu-") for p in trainers)
     assert all(p["spec"]["schedulingGroup"] == {"podGroupName": "tiny-trainer"} for p in trainers)
     wait_for(lambda: ops.running(ns, "rollout", "tiny", 1), timeout=60, what="rollout Running")
-    wait_for(lambda: ops.status(ns, "tiny").get("phase") == "Running", timeout=30, what="phase Running")
+    ops.wait_phase(ns, "tiny", "Running", timeout=30)
     st = ops.status(ns, "tiny")
     assert st["observedGeneration"] == 1 and st["restarts"] == 0
     assert ops.condition(ns, "tiny", "TrainersReady")["status"] == "True"
@@ -350,7 +355,7 @@ def test_immutable_fields_refused_with_message(ops: Ops, ns: str) -> None:
 def test_unschedulable_spec_fails_without_children(ops: Ops, ns: str) -> None:
     # Valid to the schema, impossible on this cluster: no Volcano installed.
     ops.apply(ns, tiny("novolcano", trainer={"gangProvider": "volcano"}))
-    wait_for(lambda: ops.status(ns, "novolcano").get("phase") == "Failed", timeout=30, what="Failed")
+    ops.wait_phase(ns, "novolcano", "Failed", timeout=30)
     failed = ops.condition(ns, "novolcano", "Failed")
     assert failed["status"] == "True" and failed["reason"] == "GangProviderUnavailable"
     assert "scheduling.volcano.sh" in failed["message"]
@@ -398,14 +403,14 @@ def test_suspend_and_resume(ops: Ops, ns: str) -> None:
         timeout=60,
         what="pods deleted on suspend",
     )
-    wait_for(lambda: ops.status(ns, "sus").get("phase") == "Suspended", timeout=30, what="Suspended")
+    ops.wait_phase(ns, "sus", "Suspended", timeout=30)
     assert ops.json("get", "configmap", "sus-config", "-n", ns) is not None
     assert ops.json("get", "secret", "sus-redis", "-n", ns)["metadata"]["uid"] == secret_uid
     assert ops.json("get", "job", "sus-trainer", "-n", ns)["spec"]["suspend"] is True
     ops.cluster.kubectl("patch", "rljob", "sus", "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":false}}')
     wait_for(lambda: ops.running(ns, "trainer", "sus", 2), timeout=90, what="trainers after resume")
     wait_for(lambda: ops.running(ns, "rollout", "sus", 1), timeout=60, what="rollout after resume")
-    wait_for(lambda: ops.status(ns, "sus").get("phase") == "Running", timeout=30, what="Running again")
+    ops.wait_phase(ns, "sus", "Running", timeout=30, what="Running again")
     assert ops.status(ns, "sus")["restarts"] == 0
 
 
@@ -482,7 +487,7 @@ def test_a_recreated_job_does_not_adopt_its_deleted_namesakes_secret(ops: Ops, n
         return [r["uid"] for r in secret.get("metadata", {}).get("ownerReferences", [])] == [uid]
 
     wait_for(own_secret, timeout=60, what="the new job's own Secret")
-    wait_for(lambda: ops.status(ns, "again").get("phase") == "Running", timeout=90, what="Running")
+    ops.wait_phase(ns, "again", "Running", timeout=90)
     assert ops.json("get", "job", "again-trainer", "-n", ns)["metadata"]["ownerReferences"][0]["uid"] == uid
     time.sleep(3)  # and it stays: nothing deletes the Secret the job now uses
     assert own_secret()
@@ -492,7 +497,7 @@ def test_restart_limit_fails_the_job(ops: Ops, ns: str) -> None:
     ops.apply(ns, tiny("limit", restartLimit=0))
     pods = wait_for(lambda: ops.running(ns, "trainer", "limit", 2), timeout=90, what="trainers")
     fail_pod(ops, ns, pods[1]["metadata"]["name"])
-    wait_for(lambda: ops.status(ns, "limit").get("phase") == "Failed", timeout=30, what="Failed")
+    ops.wait_phase(ns, "limit", "Failed", timeout=30)
     failed = ops.condition(ns, "limit", "Failed")
     assert failed["reason"] == "RestartLimitExceeded" and ops.status(ns, "limit")["restarts"] == 0
     wait_for(lambda: not ops.pods(ns, "rollout", "limit"), timeout=60, what="rollouts stopped")
@@ -527,7 +532,7 @@ def test_trainer_completion_succeeds_the_job(ops: Ops, ns: str) -> None:
             "-p",
             '{"status":{"phase":"Succeeded"}}',
         )
-    wait_for(lambda: ops.status(ns, "done").get("phase") == "Succeeded", timeout=60, what="Succeeded")
+    ops.wait_phase(ns, "done", "Succeeded", timeout=60)
     assert ops.condition(ns, "done", "Complete")["status"] == "True"
     assert ops.status(ns, "done").get("completionTime")
     wait_for(lambda: not ops.pods(ns, "rollout", "done"), timeout=60, what="rollouts stopped after success")
@@ -695,8 +700,7 @@ def test_a_child_the_api_server_refuses_builds_nothing_and_says_why(ops: Ops, ns
 
     # A running job whose update is refused: it keeps running on the previous spec, untouched
     # (the ConfigMap the workers read is not moved to the new spec either).
-    # Running in the status too, not only its pods: a held update freezes the phase where it was.
-    wait_for(lambda: ops.status(ns, "denied").get("phase") == "Running", timeout=30, what="phase Running")
+    ops.wait_phase(ns, "denied", "Running", timeout=30)
     config = ops.json("get", "configmap", "denied-config", "-n", ns)["data"]
     generation = ops.status(ns, "denied")["observedGeneration"]
     deny_rollouts_of(ops, ns, "denied")
@@ -793,8 +797,7 @@ def test_a_spec_an_older_crd_lets_through_is_reported_not_built(ops: Ops, ns: st
     a new one fails as InvalidSpec with nothing built, and starts once its spec is fixed."""
     ops.apply(ns, tiny("loose"))
     wait_for(lambda: ops.running(ns, "trainer", "loose", 2), timeout=90, what="trainers")
-    # Running in the status too, not only its pods: a held spec freezes the phase where it was.
-    wait_for(lambda: ops.status(ns, "loose").get("phase") == "Running", timeout=30, what="phase Running")
+    ops.wait_phase(ns, "loose", "Running", timeout=30)
     trainer_uid = ops.json("get", "job", "loose-trainer", "-n", ns)["metadata"]["uid"]
     config = ops.json("get", "configmap", "loose-config", "-n", ns)["data"]
     generation = ops.status(ns, "loose")["observedGeneration"]
@@ -815,7 +818,7 @@ def test_a_spec_an_older_crd_lets_through_is_reported_not_built(ops: Ops, ns: st
         assert len(ops.running(ns, "trainer", "loose", 2) or []) == 2
 
         ops.apply(ns, tiny("never", grpo={"groupSize": 300}))
-        wait_for(lambda: ops.status(ns, "never").get("phase") == "Failed", timeout=30, what="Failed")
+        ops.wait_phase(ns, "never", "Failed", timeout=30)
         failed = ops.condition(ns, "never", "Failed")
         assert failed["reason"] == "InvalidSpec" and "groupSize" in failed["message"], failed
         time.sleep(2)
@@ -862,7 +865,7 @@ def test_keda_objects_are_paused_when_the_job_ends_and_removed_when_switched_off
         for pod in pods:
             ops.cluster.kubectl("patch", "pod", pod["metadata"]["name"], "-n", ns, "--subresource=status",
                                 "--type=merge", "-p", '{"status":{"phase":"Succeeded"}}')  # fmt: skip
-        wait_for(lambda: ops.status(ns, "kdone").get("phase") == "Succeeded", timeout=60, what="Succeeded")
+        ops.wait_phase(ns, "kdone", "Succeeded", timeout=60)
 
         def paused() -> bool:
             found = ops.json("get", "scaledobject", "kdone-rollout", "-n", ns) or {}

@@ -23,7 +23,7 @@ from rljob.weights.encoding import (
     decode_value_codes,
     decode_values,
     needs_old_values,
-    ulp_unzigzag,
+    patterns_from_codes,
 )
 from rljob.weights.errors import DeltaFormatError
 from rljob.weights.parallel import TensorPool
@@ -203,7 +203,7 @@ def apply_stream(
 
     run = (pool or TensorPool(1)).map
     run(gather, parts, cost=lambda part: part[2] - part[1])
-    new = ulp_unzigzag(old, codes) if steps else codes
+    new = patterns_from_codes(steps, codes, old)
 
     def scatter(part: tuple[int, int, int]) -> None:
         i, a, b = part

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from rljob.weights.checksum import _VALUE_HASH, change_sum
-from rljob.weights.encoding import ulp_unzigzag
+from rljob.weights.encoding import patterns_from_codes
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def _reference(memory: np.ndarray, positions: np.ndarray, offset: int, codes: np
     wide = memory.dtype == np.int32
     index = positions - offset
     old = (memory[index] >> 16).astype(np.uint16) if wide else memory[index].view(np.uint16)
-    new = ulp_unzigzag(old, codes) if steps else codes.view(np.uint16)
+    new = patterns_from_codes(steps, codes, old)
     memory[index] = new.view(np.int16).astype(np.int32) << 16 if wide else new.view(np.int16)
     return change_sum(index, old, new, offset)
 

@@ -584,14 +584,22 @@ def decode_values(enc: EncodedDelta, old_at_positions: np.ndarray | None) -> np.
         raise ValueError(f"{old.size} old values given for {count} positions")
     if needs_old_values(enc) and old is None:
         raise ValueError("ulp-coded values need the old bit patterns at the changed positions")
-    steps, codes = decode_value_codes(enc)
-    return ulp_unzigzag(old, codes) if steps else codes
+    return patterns_from_codes(*decode_value_codes(enc), old)
+
+
+def patterns_from_codes(steps: bool, codes: np.ndarray, old: np.ndarray | None) -> np.ndarray:
+    """New uint16 patterns from `decode_value_codes`' result and the old patterns at the same
+    positions (read only for ulp steps, so None will do for raw patterns)."""
+    if not steps:
+        return codes.view(np.uint16)
+    assert old is not None, "ulp steps need the old patterns"
+    return ulp_unzigzag(old, codes)
 
 
 def decode_value_codes(enc: EncodedDelta) -> tuple[bool, np.ndarray]:
     """`decode_values` short of the old values: (False, new patterns) or (True, zig-zag ulp steps,
-    to apply with `ulp_unzigzag`) for the positions `decode_positions` returns, for an apply that
-    reads the old values itself."""
+    to apply with `patterns_from_codes`) for the positions `decode_positions` returns, for an apply
+    that reads the old values itself."""
     if enc.positions == "none":
         return False, np.zeros(0, dtype=np.uint16)
     count = enc.numel if enc.positions == "dense" else enc.count
