@@ -17,7 +17,7 @@ import torch
 from _common import RESULTS, finish, progress
 
 from rljob.agent.rollout import generate_groups
-from rljob.assets import hotpotqa_dir, smollm2_model_dir
+from rljob.assets import hotpotqa_file, smollm2_model_dir
 from rljob.config import AgentSpec, ModelSpec
 from rljob.data.hotpotqa import build_corpus, load_questions
 from rljob.engines.hf import HFEngine
@@ -54,10 +54,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     limit = 20 if args.quick else args.questions
-    folder = hotpotqa_dir()
-    dev = load_questions(folder / "dev.jsonl")[:limit]
-    train = load_questions(folder / "train.jsonl")
-    retriever = Retriever(build_corpus(train + load_questions(folder / "dev.jsonl")))
+    dev = load_questions(hotpotqa_file("dev.jsonl"))[:limit]
+    train = load_questions(hotpotqa_file("train.jsonl"))
+    retriever = Retriever(build_corpus(train + load_questions(hotpotqa_file("dev.jsonl"))))
     progress(f"corpus {len(retriever.passages)} passages (train+dev), index {retriever.build_seconds:.1f}s")
     model_dir = smollm2_model_dir()
     engine = HFEngine.from_spec(ModelSpec(name=str(model_dir), dtype="float32"), device="cpu")

@@ -19,7 +19,7 @@ import numpy as np
 from _common import RESULTS, finish, progress
 from rank_bm25 import BM25Okapi
 
-from rljob.assets import hotpotqa_dir
+from rljob.assets import hotpotqa_file
 from rljob.data.hotpotqa import build_corpus, load_questions
 from rljob.retrieval.bm25 import BM25Index, tokenize
 from rljob.retrieval.retriever import passage_tokens
@@ -30,9 +30,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="time rank-bm25 on 20 queries (under a minute)")
     parser.add_argument("--k", type=int, default=5)
     args = parser.parse_args()
-    folder = hotpotqa_dir()
-    corpus = build_corpus(load_questions(folder / "train.jsonl"))
-    dev = load_questions(folder / "dev.jsonl")
+    corpus = build_corpus(load_questions(hotpotqa_file("train.jsonl")))
+    dev = load_questions(hotpotqa_file("dev.jsonl"))
     started = time.perf_counter()
     docs = [passage_tokens(p) for p in corpus]
     tokenize_s = time.perf_counter() - started

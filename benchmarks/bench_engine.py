@@ -15,7 +15,7 @@ import torch
 from _common import RESULTS, finish, progress
 
 from rljob.agent.prompt import information_block, prompt_ids
-from rljob.assets import hotpotqa_dir, smollm2_model_dir
+from rljob.assets import hotpotqa_file, smollm2_model_dir
 from rljob.config import ModelSpec
 from rljob.data.hotpotqa import load_questions
 from rljob.engines.base import TurnParams
@@ -43,7 +43,7 @@ def main() -> None:
     engine = HFEngine.from_spec(spec, device="cpu", seed=0, reuse_cache=False)
     # the eos token is removed from the stop set so that every sample runs the full budget
     engine.eos_ids = set()
-    questions = load_questions(hotpotqa_dir() / "dev.jsonl", limit=batch)
+    questions = load_questions(hotpotqa_file("dev.jsonl"), limit=batch)
     contexts = [prompt_ids(engine.tokenizer, q.question) for q in questions]
     _timed(engine, contexts[:1], 4)  # warm-up
 

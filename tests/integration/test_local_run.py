@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rljob.assets import hotpotqa_dir
+from rljob.assets import hotpotqa_file
 from rljob.data.hotpotqa import load_questions
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def tiny_model(tmp_path_factory) -> Path:
     from rljob.engines.models import save_tiny_model
 
-    texts = [q.question for q in load_questions(hotpotqa_dir() / "train.jsonl", limit=200)]
+    texts = [q.question for q in load_questions(hotpotqa_file("train.jsonl"), limit=200)]
     return save_tiny_model(tmp_path_factory.mktemp("tiny-model"), texts, vocab_size=256)
 
 

@@ -14,7 +14,7 @@ import pytest
 import redis
 import yaml
 
-from rljob.assets import hotpotqa_dir
+from rljob.assets import hotpotqa_file
 from rljob.config import RLJob
 from rljob.data.hotpotqa import load_questions
 from rljob.engines.hf import HFEngine
@@ -28,12 +28,11 @@ pytestmark = pytest.mark.integration
 
 
 def _job(model_dir: str) -> RLJob:
-    data = hotpotqa_dir()
     return RLJob.model_validate({
         "metadata": {"name": "t", "namespace": "ns"},
         "spec": {
             "model": {"name": model_dir, "dtype": "float32"},
-            "data": {"trainPath": str(data / "train.jsonl"), "evalPath": str(data / "dev.jsonl"),
+            "data": {"trainPath": str(hotpotqa_file("train.jsonl")), "evalPath": str(hotpotqa_file("dev.jsonl")),
                      "maxTrainQuestions": 40},
             "agent": {"maxTurns": 2, "maxNewTokensPerTurn": 16, "maxTotalTokens": 800},
             "rollout": {"batchSize": 2},
@@ -65,7 +64,7 @@ def _pending(client, stream: str, consumer: str | None = None) -> list[str]:
 
 
 def test_in_process_worker_dedupes_and_stops(redis_server, redis_client) -> None:
-    questions = load_questions(hotpotqa_dir() / "dev.jsonl", limit=40)
+    questions = load_questions(hotpotqa_file("dev.jsonl"), limit=40)
     tokenizer = train_tiny_tokenizer(
         [q.question for q in questions] + [p.text for q in questions[:10] for p in q.context]
     )
@@ -109,7 +108,7 @@ def test_in_process_worker_dedupes_and_stops(redis_server, redis_client) -> None
 def test_prompts_read_as_the_worker_stops_are_handed_back_not_served(redis_server, redis_client) -> None:
     # SIGTERM during the blocking read: the prompts that read returns are held but not started,
     # so they go back to the stream at once (they were generated in full before, delaying the stop).
-    questions = load_questions(hotpotqa_dir() / "dev.jsonl", limit=10)
+    questions = load_questions(hotpotqa_file("dev.jsonl"), limit=10)
     tokenizer = train_tiny_tokenizer([q.question for q in questions])
     engine = HFEngine(tiny_random_model(tokenizer), tokenizer, seed=0)
     keys = JobKeys("ns", "t")
@@ -135,7 +134,7 @@ def test_prompts_read_as_the_worker_stops_are_handed_back_not_served(redis_serve
 
 @pytest.mark.slow
 def test_two_workers_one_killed_mid_batch(redis_server, redis_client, tmp_path) -> None:
-    questions = load_questions(hotpotqa_dir() / "dev.jsonl", limit=60)
+    questions = load_questions(hotpotqa_file("dev.jsonl"), limit=60)
     texts = [q.question for q in questions] + [p.text for q in questions[:20] for p in q.context]
     model_dir = save_tiny_model(tmp_path / "tiny", texts, vocab_size=400)
     job_path = tmp_path / "job.yaml"
@@ -209,7 +208,7 @@ def test_a_worker_rides_out_a_redis_restart(redis_server, redis_client) -> None:
     # retry the worker failed on its next command. Prompts enqueued before and after the restart
     # are all answered by the same worker process, exactly once.
     redis_client.config_set("appendfsync", "always")  # this test's writes must survive the kill
-    questions = load_questions(hotpotqa_dir() / "dev.jsonl", limit=20)
+    questions = load_questions(hotpotqa_file("dev.jsonl"), limit=20)
     tokenizer = train_tiny_tokenizer(
         [q.question for q in questions] + [p.text for q in questions[:5] for p in q.context]
     )

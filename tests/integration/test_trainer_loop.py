@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from rljob.assets import hotpotqa_dir
+from rljob.assets import hotpotqa_file
 from rljob.config import RLJob
 from rljob.keys import TRAINER_GROUP, JobKeys
 from rljob.protocol import PromptRequest, TrainerMetrics
@@ -21,13 +21,12 @@ pytestmark = pytest.mark.integration
 
 
 def _job(model_dir: Path, total_steps: int, lag: int = 0) -> RLJob:
-    data = hotpotqa_dir()
     return RLJob.model_validate(
         {
             "metadata": {"name": "grpo-it", "namespace": "test"},
             "spec": {
                 "model": {"name": str(model_dir)},
-                "data": {"trainPath": str(data / "train.jsonl"), "evalPath": str(data / "dev.jsonl"),
+                "data": {"trainPath": str(hotpotqa_file("train.jsonl")), "evalPath": str(hotpotqa_file("dev.jsonl")),
                          "maxTrainQuestions": 6, "corpusFrom": "train"},
                 "agent": {"maxTurns": 2, "topK": 1, "maxNewTokensPerTurn": 8, "maxTotalTokens": 1024,
                           "passageMaxWords": 12, "reward": "f1", "formatReward": 0.2, "searchReward": 0.1},
@@ -96,7 +95,7 @@ def tiny_model_dir(tmp_path: Path) -> Path:
     from rljob.data import load_questions
     from rljob.engines.models import save_tiny_model
 
-    texts = [q.question for q in load_questions(hotpotqa_dir() / "train.jsonl", limit=200)]
+    texts = [q.question for q in load_questions(hotpotqa_file("train.jsonl"), limit=200)]
     texts += ["<search> </search> <answer> </answer> <information> </information> <think> </think>"] * 20
     return save_tiny_model(tmp_path / "tiny", texts, vocab_size=400)
 

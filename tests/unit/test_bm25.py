@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from rank_bm25 import BM25Okapi
 
-from rljob.assets import hotpotqa_dir
+from rljob.assets import hotpotqa_file
 from rljob.data.hotpotqa import build_corpus, load_questions
 from rljob.retrieval.bm25 import BM25Index, tokenize
 from rljob.retrieval.retriever import passage_tokens
@@ -31,11 +31,10 @@ def test_scores_equal_reference_on_a_toy_corpus_with_negative_idf() -> None:
 
 
 def test_top_k_matches_reference_on_dev_questions() -> None:
-    folder = hotpotqa_dir()
-    corpus = build_corpus(load_questions(folder / "train.jsonl", limit=150))
+    corpus = build_corpus(load_questions(hotpotqa_file("train.jsonl"), limit=150))
     docs = [passage_tokens(p) for p in corpus]
     ref, ours = BM25Okapi(docs), BM25Index(docs)
-    queries = [tokenize(q.question) for q in load_questions(folder / "dev.jsonl", limit=40)]
+    queries = [tokenize(q.question) for q in load_questions(hotpotqa_file("dev.jsonl"), limit=40)]
     k, agree = 5, 0
     for q, hits in zip(queries, ours.search_batch(queries, k), strict=True):
         ref_scores = ref.get_scores(q)

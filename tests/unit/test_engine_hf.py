@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rljob.assets import hotpotqa_dir
+from rljob.assets import hotpotqa_file
 from rljob.data.hotpotqa import load_questions
 from rljob.engines.base import TurnParams
 from rljob.engines.hf import HFEngine, sample_tokens
@@ -16,7 +16,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="module")
 def tiny():
-    questions = load_questions(hotpotqa_dir() / "dev.jsonl", limit=100)
+    questions = load_questions(hotpotqa_file("dev.jsonl"), limit=100)
     texts = [q.question for q in questions] + [p.text for q in questions[:30] for p in q.context]
     tokenizer = train_tiny_tokenizer(texts, vocab_size=400)
     return tiny_random_model(tokenizer, seed=1), tokenizer

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from rljob.assets import hotpotqa_dir
+from rljob.assets import hotpotqa_file
 from rljob.config import DataSpec, RLJob
 from rljob.data.hotpotqa import build_corpus, hub_location, load_questions, load_questions_for_spec, parse_question
 from rljob.retrieval import build_retriever_for_spec
@@ -42,10 +42,9 @@ def test_hub_layout_is_normalised() -> None:
 
 
 def test_sample_files_and_spec_corpus() -> None:
-    folder = hotpotqa_dir()
-    dev = load_questions(folder / "dev.jsonl")
+    dev = load_questions(hotpotqa_file("dev.jsonl"))
     assert len(dev) == 300 and all(q.answers and q.context for q in dev)
-    spec = DataSpec(train_path=str(folder / "train.jsonl"), eval_path=str(folder / "dev.jsonl"),
+    spec = DataSpec(train_path=str(hotpotqa_file("train.jsonl")), eval_path=str(hotpotqa_file("dev.jsonl")),
                     max_train_questions=40, corpus_from="train")  # fmt: skip
     train, evaluation = load_questions_for_spec(spec)
     assert len(train) == 40 and len(evaluation) == 300
@@ -59,8 +58,7 @@ def test_sample_files_and_spec_corpus() -> None:
 def test_extra_eval_questions_join_the_corpus_as_the_eval_set_does(tmp_path, corpus_from: str) -> None:
     """`rljob eval --questions FILE`: under train+eval the file's paragraphs are searchable (its
     questions' evidence was missing from the corpus before); under train they stay held out."""
-    folder = hotpotqa_dir()
-    spec = DataSpec(train_path=str(folder / "train.jsonl"), eval_path=str(folder / "dev.jsonl"),
+    spec = DataSpec(train_path=str(hotpotqa_file("train.jsonl")), eval_path=str(hotpotqa_file("dev.jsonl")),
                     max_train_questions=20, corpus_from=corpus_from)  # fmt: skip
     own = {**RECORD, "_id": "own", "context": [["Zyxwv Quokka", ["The quokka zyxwv lives on Rottnest."]]]}
     (tmp_path / "own.jsonl").write_text(json.dumps(own) + "\n")

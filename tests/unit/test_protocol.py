@@ -8,7 +8,7 @@ import torch
 from rljob.agent.actions import Action, extract_answer, parse_action
 from rljob.agent.prompt import INVALID_ACTION, information_block, prompt_ids
 from rljob.agent.rollout import generate_groups, run_episodes
-from rljob.assets import hotpotqa_dir
+from rljob.assets import hotpotqa_file
 from rljob.config import AgentSpec
 from rljob.data.hotpotqa import Passage, load_questions
 from rljob.engines.base import Completion, GenerationEngine, TurnParams
@@ -73,7 +73,7 @@ class ScriptedEngine(GenerationEngine):
 
 @pytest.fixture(scope="module")
 def corpus_and_tokenizer():
-    questions = load_questions(hotpotqa_dir() / "dev.jsonl", limit=60)
+    questions = load_questions(hotpotqa_file("dev.jsonl"), limit=60)
     tokenizer = train_tiny_tokenizer([q.question for q in questions] + [p.text for q in questions for p in q.context])
     return questions, Retriever.from_questions(questions), tokenizer
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rljob.agent.prompt import information_block, prompt_ids
-from rljob.assets import hotpotqa_dir
+from rljob.assets import hotpotqa_file
 from rljob.config import AgentSpec, RLJob, RLJobSpec, WarmupSpec
 from rljob.data.hotpotqa import build_corpus, parse_question
 from rljob.engines.models import save_tiny_model, tiny_random_model, train_tiny_tokenizer
@@ -26,7 +26,7 @@ SHORT = SPEC.model_copy(update={"top_k": 1, "passage_max_words": 8})  # short se
 
 @pytest.fixture(scope="module")
 def setup():
-    records = list(load_records(hotpotqa_dir() / "train.jsonl", limit=40))
+    records = list(load_records(hotpotqa_file("train.jsonl"), limit=40))
     questions = [parse_question(r) for r in records]
     retriever = Retriever(build_corpus(questions))
     texts = [q.question + " " + " ".join(p.text for p in q.context) for q in questions]
@@ -136,12 +136,11 @@ def test_warmup_is_off_by_default_and_configurable():
 
 @pytest.fixture(scope="module")
 def tiny_job(tmp_path_factory) -> RLJob:
-    data = hotpotqa_dir()
-    texts = [q["question"] for q in load_records(data / "train.jsonl", limit=30)]
+    texts = [q["question"] for q in load_records(hotpotqa_file("train.jsonl"), limit=30)]
     model_dir = save_tiny_model(tmp_path_factory.mktemp("warm") / "model", [*texts, "<think> </think> <search>"], 400)
     return RLJob.model_validate({"spec": {
         "model": {"name": str(model_dir)},
-        "data": {"trainPath": str(data / "train.jsonl"), "evalPath": str(data / "dev.jsonl"),
+        "data": {"trainPath": str(hotpotqa_file("train.jsonl")), "evalPath": str(hotpotqa_file("dev.jsonl")),
                  "maxTrainQuestions": 30, "corpusFrom": "train"},
         "agent": {"maxTurns": 3, "topK": 1, "maxNewTokensPerTurn": 256, "maxTotalTokens": 2048, "passageMaxWords": 12},
         "grpo": {"klCoef": 0.1},

