@@ -109,3 +109,45 @@ def test_top_p_keeps_the_nucleus_and_renormalises():
     tok, lp = sample_tokens(logits, params, gen)
     nucleus = probs[:2] / probs[:2].sum()
     assert float(lp[0]) == pytest.approx(float(nucleus[int(tok[0])].log()), abs=1e-6)
+
+
+def test_shared_prefill_and_set_aside_rows_change_no_token_or_logprob(tiny):
+    """A question's G copies share one prefill, and rows that finish early are set aside and put
+    back: over two turns every sample's tokens and log-probs equal a plain teacher-forced forward."""
+    model, tokenizer = tiny
+    contexts = [c for c in _contexts(tokenizer) for _ in range(4)]  # 3 questions x G=4
+    budgets = [2, 3, 11, 16, 1, 5, 9, 14, 4, 4, 12, 7]  # rows end at different steps
+    inject = tokenizer.encode(" <information> Paris is the capital. </information> ")
+    engine = HFEngine(model, tokenizer, seed=5)
+    first = engine.generate(contexts, TurnParams(max_new_tokens=budgets, temperature=0.9))
+    assert engine.stats.shared_prefill_tokens == sum(len(c) for c in contexts) - sum(map(len, _contexts(tokenizer)))
+    assert engine.stats.compactions >= 2
+    assert engine.stats.decode_row_steps < len(contexts) * (max(budgets) - 1)
+    nexts = [c + o.token_ids + inject for c, o in zip(contexts, first, strict=True)]
+    second = engine.generate(nexts, TurnParams(max_new_tokens=budgets[::-1], temperature=0.9))
+    cached = [len(c) + len(o.token_ids) - 1 for c, o in zip(contexts, first, strict=True)]
+    assert engine.stats.reused_tokens == sum(cached)
+    for ctx, out, budget in zip(contexts + nexts, first + second, budgets + budgets[::-1], strict=True):
+        assert len(out.token_ids) == budget or out.finish_reason == "eos"
+        expected = _teacher_forced_logprobs(model, ctx + out.token_ids, len(ctx), 0.9)
+        assert out.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_greedy_with_shared_prefill_equals_one_at_a_time(tiny):
+    model, tokenizer = tiny
+    engine = HFEngine(model, tokenizer)
+    contexts = [c for c in _contexts(tokenizer) for _ in range(3)]
+    budgets = [3, 9, 6, 12, 2, 8, 5, 5, 10]
+    batched = engine.generate(contexts, TurnParams(max_new_tokens=budgets, greedy=True))
+    for ctx, budget, out in zip(contexts, budgets, batched, strict=True):
+        single = HFEngine(model, tokenizer).generate([ctx], TurnParams(max_new_tokens=[budget], greedy=True))[0]
+        assert single.token_ids == out.token_ids
+        assert single.logprobs == pytest.approx(out.logprobs, abs=1e-5)
+
+
+def test_cpu_engine_decodes_with_matmul_attention(tiny):
+    from rljob.engines.attention import ATTENTION_NAME
+
+    model, tokenizer = tiny
+    engine = HFEngine(model, tokenizer)
+    assert engine.model.config._attn_implementation == ATTENTION_NAME

@@ -102,7 +102,7 @@ def fake_startup(monkeypatch):
     """A tiny base model, and a warm-up that moves the weights the way SFT would (and counts runs)."""
     runs = []
 
-    def warmup_for_job(job, model, device, progress):
+    def warmup_for_job(job, model, device, progress, autocast_dtype=None):
         runs.append(1)
         with torch.no_grad():
             gen = torch.Generator().manual_seed(len(runs))

@@ -47,8 +47,13 @@ class ModelSpec(ApiModel):
     gguf_file: str | None = Field(
         None, description="GGUF file name inside `name` when the model ships as GGUF (dequantised on load)."
     )
-    dtype: Literal["bfloat16", "float16", "float32"] = Field(
-        "bfloat16", description="Dtype the rollout engine serves the weights in."
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto",
+        description=(
+            "Dtype the policy computes in: the rollout engine's weights and the trainer's autocast (its master "
+            "weights and AdamW stay fp32). `auto`: bf16 on GPUs and on CPUs with native bf16 matrix products "
+            "(AVX512_BF16, AMX, Arm BF16), fp32 on other CPUs."
+        ),
     )
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
 

@@ -8,7 +8,13 @@ appended the stop token and an <information> block) only the new suffixes are pr
 finished samples are dropped with `batch_select_indices`. Suffixes of unequal length are padded on
 the left of the chunk, i.e. in the middle of the sequence: the 2-D attention mask marks those holes
 and position ids are the running count of real tokens, so results equal an unpadded forward.
-Any other call (new questions, a weight update) starts with a fresh prefill.
+Any other call (new questions, a weight update) starts with a fresh prefill, in which samples that
+share a context (a question's G samples) share one prefill: the cache rows are copied after it.
+
+On CPU three things keep a decode step near the cost of its arithmetic: the KV cache appends in
+place (`kv_cache.GrowingCache`, not a `torch.cat` of the whole cache per token), rows that have
+finished are set aside once they are a quarter of the batch and put back for the next turn, and
+decode attention is two matmuls instead of torch's SDPA kernel (`attention`).
 """
 
 from __future__ import annotations
@@ -21,11 +27,14 @@ from typing import Any
 import torch
 
 from rljob.config import ModelSpec
+from rljob.engines.attention import register
 from rljob.engines.base import Completion, GenerationEngine, TurnParams, WeightSyncer
+from rljob.engines.kv_cache import GrowingCache
 from rljob.engines.models import load_model, load_tokenizer
 from rljob.weights.reader import SyncResult
 
 _STOP_TAIL_TOKENS = 16  # stop strings are short: a tail this long always contains a fresh match
+COMPACT_FRACTION = 4  # set finished rows aside once they are a quarter of the rows still fed
 
 
 @dataclass
@@ -36,9 +45,29 @@ class _CacheState:
 
 
 @dataclass
+class _Prefill:
+    chunks: list[list[int]]  # tokens to feed, one row each (unique contexts on a fresh prefill)
+    cache: Any
+    mask: torch.Tensor  # (rows of chunks, cached length)
+    expand: torch.Tensor | None  # row of chunks each context reads after the prefill, when shared
+
+
+def _merge(parts: list[tuple[Any, list[int], torch.Tensor]], batch: int) -> tuple[Any, torch.Tensor]:
+    """Every part's cache rows and mask back in one batch, in row order; short masks padded with 0."""
+    width = max(mask.shape[1] for _, _, mask in parts)
+    mask = torch.zeros((batch, width), dtype=parts[0][2].dtype, device=parts[0][2].device)
+    for _, rows, part_mask in parts:
+        mask[rows, : part_mask.shape[1]] = part_mask
+    return GrowingCache.merge([(cache, rows) for cache, rows, _ in parts], batch), mask
+
+
+@dataclass
 class EngineStats:
     forward_calls: int = 0
     prefill_tokens: int = 0
+    shared_prefill_tokens: int = 0  # prompt tokens not prefilled because a group shares its prompt
+    decode_row_steps: int = 0  # rows fed in decode steps (finished rows set aside are not)
+    compactions: int = 0
     reused_tokens: int = 0
     generated_tokens: int = 0
     generate_seconds: float = 0.0
@@ -101,6 +130,13 @@ class HFEngine(GenerationEngine):
         self.policy_version = 0
         self.stats = EngineStats()
         self._state: _CacheState | None = None
+        config = getattr(self.model, "config", None)
+        layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+        # The in-place cache holds plain full-attention layers; sliding-window or hybrid models keep
+        # transformers' own cache (and no compaction).
+        self._growing_cache = layer_types == {"full_attention"}
+        if self.device.type == "cpu" and getattr(config, "_attn_implementation", None) == "sdpa":
+            self.model.set_attn_implementation(register())
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, device: str = "cpu", seed: int = 0, **kwargs: Any) -> HFEngine:
@@ -119,7 +155,10 @@ class HFEngine(GenerationEngine):
         new_cache = out.cache if self._cache_arg == "cache" else out.past_key_values
         return out.logits[:, -1, :], new_cache
 
-    def _prefill_inputs(self, contexts: list[list[int]]) -> tuple[list[list[int]], Any, torch.Tensor]:
+    def _new_cache(self) -> Any:
+        return GrowingCache() if self._growing_cache else None
+
+    def _prefill_inputs(self, contexts: list[list[int]]) -> _Prefill:
         state, self._state = self._state, None
         if state is not None and self.reuse_cache:
             picked = _match_rows(state.rows, contexts)
@@ -128,9 +167,16 @@ class HFEngine(GenerationEngine):
                     state.cache.batch_select_indices(torch.tensor(picked, device=self.device))
                 suffixes = [ctx[len(state.rows[i]) :] for ctx, i in zip(contexts, picked, strict=True)]
                 self.stats.reused_tokens += sum(len(state.rows[i]) for i in picked)
-                return suffixes, state.cache, state.mask[picked]
-        empty = torch.zeros((len(contexts), 0), dtype=torch.long, device=self.device)
-        return contexts, None, empty
+                return _Prefill(suffixes, state.cache, state.mask[picked], None)
+        # A fresh prefill: the G samples of a question share one context, prefilled once and then
+        # copied G times in the cache (its keys and values do not depend on which copy reads them).
+        unique: dict[tuple[int, ...], int] = {}
+        inverse = [unique.setdefault(tuple(ctx), len(unique)) for ctx in contexts]
+        chunks = [list(ctx) for ctx in unique]
+        empty = torch.zeros((len(chunks), 0), dtype=torch.long, device=self.device)
+        expand = None if len(chunks) == len(contexts) else torch.tensor(inverse, device=self.device)
+        self.stats.shared_prefill_tokens += sum(len(c) for c in contexts) - sum(len(c) for c in chunks)
+        return _Prefill(chunks, self._new_cache(), empty, expand)
 
     @torch.inference_mode()
     def generate(self, contexts: list[list[int]], params: TurnParams) -> list[Completion]:
@@ -140,10 +186,11 @@ class HFEngine(GenerationEngine):
             return []
         if any(n < 1 for n in params.max_new_tokens) or len(params.max_new_tokens) != batch:
             raise ValueError("max_new_tokens needs one positive budget per context")
-        chunks, cache, mask = self._prefill_inputs(contexts)
+        prefill = self._prefill_inputs(contexts)
+        chunks, cache, mask = prefill.chunks, prefill.cache, prefill.mask
         width = max(len(c) for c in chunks)
-        ids = torch.full((batch, width), self.pad_id, dtype=torch.long, device=self.device)
-        chunk_mask = torch.zeros((batch, width), dtype=torch.long, device=self.device)
+        ids = torch.full((len(chunks), width), self.pad_id, dtype=torch.long, device=self.device)
+        chunk_mask = torch.zeros((len(chunks), width), dtype=torch.long, device=self.device)
         for b, chunk in enumerate(chunks):
             if chunk:
                 ids[b, width - len(chunk) :] = torch.tensor(chunk, device=self.device)
@@ -151,30 +198,47 @@ class HFEngine(GenerationEngine):
         mask = torch.cat([mask, chunk_mask], dim=1)
         self.stats.prefill_tokens += sum(len(c) for c in chunks)
         logits, cache = self._forward(ids, mask, cache)
+        if prefill.expand is not None:
+            cache.batch_select_indices(prefill.expand)
+            logits, mask = logits[prefill.expand], mask[prefill.expand]
 
         generated: list[list[int]] = [[] for _ in range(batch)]
         logprobs: list[list[float]] = [[] for _ in range(batch)]
         finish: list[str | None] = [None] * batch
         stops: list[str | None] = [None] * batch
+        live = list(range(batch))  # the rows the cache holds, in its order
+        parked: list[tuple[Any, list[int], torch.Tensor]] = []  # finished rows set aside: (cache, rows, mask)
         for _ in range(max(params.max_new_tokens)):
             tokens, token_lps = sample_tokens(logits, params, self.generator)
             next_ids, alive = tokens.tolist(), []
-            for b, (tok, lp) in enumerate(zip(next_ids, token_lps.tolist(), strict=True)):
+            for j, (b, lp) in enumerate(zip(live, token_lps.tolist(), strict=True)):
                 if finish[b] is not None:
-                    next_ids[b] = self.pad_id
+                    next_ids[j] = self.pad_id
                     alive.append(0)
                     continue
-                generated[b].append(tok)
+                generated[b].append(next_ids[j])
                 logprobs[b].append(lp)
                 finish[b], stops[b] = self._finished(generated[b], params, params.max_new_tokens[b])
                 alive.append(int(finish[b] is None))
                 if finish[b] is not None:
-                    next_ids[b] = self.pad_id
+                    next_ids[j] = self.pad_id
             if not any(alive):
                 break
+            done = [j for j, a in enumerate(alive) if not a]
+            if isinstance(cache, GrowingCache) and len(done) * COMPACT_FRACTION >= len(live):
+                # Stop computing finished rows: set them aside with their mask, keep the others.
+                parked.append((cache.split_off(done), [live[j] for j in done], mask[done]))
+                keep = [j for j, a in enumerate(alive) if a]
+                live, mask = [live[j] for j in keep], mask[keep]
+                next_ids = [next_ids[j] for j in keep]
+                alive = [1] * len(keep)
+                self.stats.compactions += 1
+            self.stats.decode_row_steps += len(live)
             mask = torch.cat([mask, torch.tensor(alive, device=self.device)[:, None]], dim=1)
             logits, cache = self._forward(torch.tensor(next_ids, device=self.device)[:, None], mask, cache)
 
+        if parked:
+            cache, mask = _merge([*parked, (cache, live, mask)], batch)
         # Every row's last sampled token was never fed: the cache holds context + generated[:-1].
         self._state = _CacheState(cache, mask, [ctx + gen[:-1] for ctx, gen in zip(contexts, generated, strict=True)])
         self.stats.generated_tokens += sum(len(g) for g in generated)

@@ -1,7 +1,8 @@
 """Load a policy model and its tokenizer: hub name, local folder, GGUF file, or a tiny random model.
 
-On CPU every model runs in float32 (bf16 matmuls are slow there and the weight store's values are
-bf16-exact, so nothing is lost after a sync); on CUDA the spec's dtype is used.
+The serving dtype is `spec.model.dtype` as `rljob.precision` reads it: with `auto`, bf16 on CUDA
+and on CPUs with native bf16 matrix products, fp32 on other CPUs. The weight store's values are
+bf16, so a bf16 engine takes them as they are and an fp32 one holds them exactly.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ from typing import Any
 import torch
 
 from rljob.config import ModelSpec
-
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+from rljob.precision import compute_dtype
 
 
 def serving_dtype(spec: ModelSpec, device: str | torch.device) -> torch.dtype:
-    return torch.float32 if torch.device(device).type == "cpu" else _DTYPES[spec.dtype]
+    return compute_dtype(spec.dtype, device)
 
 
 def model_source(spec: ModelSpec) -> tuple[str, dict[str, Any]]:

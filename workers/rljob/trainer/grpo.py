@@ -18,7 +18,8 @@ from rljob.config import GRPOSpec
 from rljob.protocol import TrajectoryGroup
 from rljob.trainer.batch import MicroBatch, Sample, collate, micro_batches, shard, trainable_samples
 from rljob.trainer.distributed import Gang, all_reduce_sum, sync_gradients
-from rljob.trainer.loss import aggregate, grpo_token_terms, token_entropy, token_logprobs
+from rljob.trainer.logits import TokenLogprobs, masked_token_logprobs
+from rljob.trainer.loss import aggregate, grpo_token_terms
 from rljob.trainer.model import disable_dropout
 
 
@@ -59,7 +60,10 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 
 class GRPOTrainer:
-    """fp32 master weights, AdamW, micro-batched accumulation and gradient sync over the gang."""
+    """fp32 master weights, AdamW, micro-batched accumulation and gradient sync over the gang.
+
+    `compute_dtype` bf16 runs the model body under autocast; fp32 (the default) runs it as is.
+    """
 
     def __init__(
         self,
@@ -71,6 +75,7 @@ class GRPOTrainer:
         pad_token_id: int = 0,
         gang: Gang | None = None,
         temperature: float = 1.0,
+        compute_dtype: torch.dtype = torch.float32,
     ) -> None:
         self.device = torch.device(device)
         self.spec = spec
@@ -91,8 +96,9 @@ class GRPOTrainer:
         self.optimizer = torch.optim.AdamW(
             self.params, lr=spec.learning_rate, weight_decay=spec.weight_decay, betas=(0.9, 0.999), eps=1e-8
         )
-        # bf16 autocast on GPU keeps activations small; master weights and the optimiser stay fp32.
-        self.autocast_dtype = torch.bfloat16 if self.device.type == "cuda" else None
+        # The body's forward and backward run under autocast to `compute_dtype` (bf16 where the hardware
+        # is fast at it: rljob.precision); master weights, AdamW and the output layer stay fp32.
+        self.autocast_dtype = None if compute_dtype == torch.float32 else compute_dtype
 
     def _enable_checkpointing(self) -> None:
         # transformers 5 renamed gradient_checkpointing_enable (deprecated) to activation_checkpointing_enable.
@@ -107,22 +113,17 @@ class GRPOTrainer:
             self.model.config.use_cache = False
 
     # -- forward helpers -------------------------------------------------------------------------
-    def _logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
-        if self.autocast_dtype is not None:
-            with torch.autocast(self.device.type, dtype=self.autocast_dtype):
-                out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-        else:
-            out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-        logits = out.logits if hasattr(out, "logits") else out
-        logits = logits[:, :-1, :]
+    def _token_logprobs(self, model: torch.nn.Module, mb: MicroBatch, entropy: bool = False) -> TokenLogprobs:
         # Behaviour log-probs are of softmax(logits / T): the ratio must compare like with like.
-        return logits / self.temperature if self.temperature != 1.0 else logits
+        return masked_token_logprobs(
+            model, mb, temperature=self.temperature, autocast_dtype=self.autocast_dtype, entropy=entropy
+        )
 
     @torch.no_grad()
     def _ref_logprobs(self, mb: MicroBatch) -> torch.Tensor | None:
         if self.ref_model is None:
             return None
-        return token_logprobs(self._logits(self.ref_model, mb), mb.targets)
+        return self._token_logprobs(self.ref_model, mb).logp
 
     # -- the step ------------------------------------------------------------------------------
     def train_step(self, groups: Sequence[TrajectoryGroup], current_version: int) -> StepStats:
@@ -151,7 +152,9 @@ class GRPOTrainer:
             stats.train_seconds = time.perf_counter() - started
             return stats  # nothing to learn from: no step, so AdamW's momentum does not move us
 
-        mine = shard(selection.samples, self.gang.rank, self.gang.world_size)
+        # Longest first, so rows of like length pad together; the loss is normalised by the step's
+        # whole token (or sequence) count, so the grouping changes nothing but float rounding.
+        mine = sorted(shard(selection.samples, self.gang.rank, self.gang.world_size), key=lambda s: -len(s.token_ids))
         batches = [collate(mb, self.pad_token_id, self.device) for mb in micro_batches(mine, spec.micro_batch_size)]
         sums = torch.zeros(len(_STAT_FIELDS), dtype=torch.float64)
         ref_cache = [self._ref_logprobs(mb) for mb in batches] if self.ref_model is not None else None
@@ -193,12 +196,11 @@ class GRPOTrainer:
     ) -> torch.Tensor:
         """Forward and backward of one micro-batch; returns its stat sums."""
         spec = self.spec
-        logits = self._logits(self.model, mb)
-        logp = token_logprobs(logits, mb.targets)
+        scored = self._token_logprobs(self.model, mb, entropy=spec.entropy_coef > 0)
+        logp, entropy = scored.logp, scored.entropy
         if epoch == 0:
             # The parameters have not moved yet: this forward pass *is* the proximal policy.
             prox_cache.append(logp.detach())
-        entropy = token_entropy(logits) if spec.entropy_coef > 0 else None
         terms = grpo_token_terms(
             logp,
             prox_cache[index],

@@ -298,15 +298,18 @@ def prepare_trainer(
     Resuming restores the policy, optimiser, RNG states and the KL reference, so a restart changes
     nothing the run optimises against; a fresh job starts from the base model, warmed up if asked.
     """
+    from rljob.precision import compute_dtype
     from rljob.trainer.model import pad_token_id_of
 
     spec = job.spec
     model = load_policy_model(job)
     ref = frozen_copy(model) if spec.grpo.kl_coef > 0 else None
     # Behaviour log-probs are of softmax(logits / T) (rljob.engines.base): score with the same T.
+    dtype = compute_dtype(spec.model.dtype, device)
+    log.info("trainer computes in %s (spec.model.dtype %s), master weights fp32", dtype, spec.model.dtype)
     trainer = GRPOTrainer(
         model, ref, spec.grpo, device, pad_token_id=pad_token_id_of(model), gang=gang,
-        temperature=spec.agent.temperature,
+        temperature=spec.agent.temperature, compute_dtype=dtype,
     )  # fmt: skip
     control_barrier(gang)  # a slow load (a download, a cold disk) must not run into the collective timeout
     broadcast_parameters(gang, trainer.model)  # after the move to the device: nccl broadcasts CUDA tensors
@@ -413,7 +416,7 @@ def warm_up(
     if gang.is_main:
         from rljob.warmup import warmup_for_job
 
-        result = warmup_for_job(job, trainer.model, device, progress=progress)
+        result = warmup_for_job(job, trainer.model, device, progress=progress, autocast_dtype=trainer.autocast_dtype)
         log.info("warm-up: %d demonstrations, %d steps, loss %.3f -> %.3f in %.0fs", result.examples,
                  result.steps, result.first_loss, result.last_loss, result.seconds)  # fmt: skip
         if writer is not None:

@@ -20,7 +20,7 @@ import torch
 from rljob.config import RLJob, WarmupSpec
 from rljob.data.hotpotqa import hub_location, load_hub_records
 from rljob.trainer.batch import MicroBatch, Sample, collate, micro_batches
-from rljob.trainer.loss import token_logprobs
+from rljob.trainer.logits import masked_token_logprobs
 from rljob.warmup.demonstrations import Demonstration, build_demonstrations, load_records
 
 log = logging.getLogger(__name__)
@@ -52,28 +52,12 @@ def as_sample(demo: Demonstration) -> Sample:
 
 # Model types whose forward computes logits as `lm_head(last hidden state)` and nothing more
 # (checked in transformers' modeling code); SmolLM2 is "llama".
-_PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "gpt2"})
-
-
-def masked_nll(model: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, int]:
-    """(sum of -log p over the micro-batch's loss tokens, their count).
-
-    For model families whose logits are the plain head of the last hidden state, the vocabulary
-    projection is applied only where the loss is taken (a fraction of the tokens: the rest is
-    prompt and retrieved text), which saves most of its cost on a large vocabulary. Others take the
-    full forward: many transform the logits in their own forward (Granite's logits_scaling,
-    Cohere's logit_scale, Gemma 2's soft-capping), which the body and head alone would skip.
-    """
-    body = getattr(model, getattr(model, "base_model_prefix", ""), None)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    plain = getattr(getattr(model, "config", None), "model_type", None) in _PLAIN_HEAD_MODELS
-    if body is None or head is None or body is model or not plain:
-        out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-        logp = token_logprobs(out.logits[:, :-1, :], mb.targets)
-        return -(logp * mb.mask).sum(), int(mb.mask.sum())
-    hidden = body(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).last_hidden_state
-    logits = head(hidden[:, :-1, :][mb.mask])  # [loss tokens, vocab]
-    logp = token_logprobs(logits, mb.targets[mb.mask])
+def masked_nll(
+    model: torch.nn.Module, mb: MicroBatch, autocast_dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, int]:
+    """(sum of -log p over the micro-batch's loss tokens, their count); the output layer is applied
+    only where the loss is taken (`rljob.trainer.logits`)."""
+    logp = masked_token_logprobs(model, mb, autocast_dtype=autocast_dtype).logp
     return -logp.sum(), int(mb.mask.sum())
 
 
@@ -86,6 +70,7 @@ def run_sft(
     device: torch.device | str = "cpu",
     micro_batch_size: int = 2,
     progress: bool = True,
+    autocast_dtype: torch.dtype | None = None,
 ) -> WarmupResult:
     """Train `model` in place on `demos` for `spec.epochs` passes; loss is the token mean per step."""
     started = time.perf_counter()
@@ -107,7 +92,7 @@ def run_sft(
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
             for part in micro_batches(batch, micro_batch_size):
-                nll, _ = masked_nll(model, collate(part, pad_token_id, device))
+                nll, _ = masked_nll(model, collate(part, pad_token_id, device), autocast_dtype)
                 (nll / tokens).backward()  # token mean over the whole step, however it is split
                 total += float(nll.detach())
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -139,7 +124,11 @@ def job_demonstrations(job: RLJob, tokenizer: Any, retriever: Any) -> tuple[list
 
 
 def warmup_for_job(
-    job: RLJob, model: torch.nn.Module, device: torch.device | str = "cpu", progress: bool = True
+    job: RLJob,
+    model: torch.nn.Module,
+    device: torch.device | str = "cpu",
+    progress: bool = True,
+    autocast_dtype: torch.dtype | None = None,
 ) -> WarmupResult:
     """Build the job's demonstrations with its tokenizer and retriever, then fine-tune `model`."""
     from rljob.engines.models import load_tokenizer
@@ -163,6 +152,6 @@ def warmup_for_job(
     if progress:
         print(f"[warmup] {len(demos)} demonstrations from {read} train questions", file=sys.stderr, flush=True)
     result = run_sft(model, demos, job.spec.warmup, pad_token_id=pad_token_id_of(model), device=device,
-                     progress=progress)  # fmt: skip
+                     progress=progress, autocast_dtype=autocast_dtype)  # fmt: skip
     result.records_read = read
     return result

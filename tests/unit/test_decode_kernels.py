@@ -1,0 +1,60 @@
+"""The engine's decode attention and in-place KV cache against torch's and transformers' own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rljob.engines.attention import grouped_decode_attention
+from rljob.engines.kv_cache import GrowingCache, GrowingLayer
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "float"])
+@pytest.mark.parametrize("queries", [1, 3])
+def test_grouped_decode_attention_equals_sdpa(mask_kind: str, queries: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    b, h, hkv, length, d = 4, 6, 2, 13, 8
+    q = torch.randn(b, h, queries, d, generator=gen)
+    k = torch.randn(b, hkv, length, d, generator=gen)
+    v = torch.randn(b, hkv, length, d, generator=gen)
+    keep = torch.rand(b, 1, queries, length, generator=gen) > 0.3
+    keep[..., -1] = True  # every query sees at least one key
+    mask = {"none": None, "bool": keep, "float": torch.where(keep, 0.0, float("-inf"))}[mask_kind]
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(h // hkv, 1), v.repeat_interleave(h // hkv, 1), attn_mask=mask, scale=0.3
+    ).transpose(1, 2)
+    assert torch.allclose(grouped_decode_attention(q, k, v, mask, 0.3), expected, atol=1e-5)
+
+
+def _filled(rows: int, length: int, seed: int) -> tuple[GrowingCache, list[torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    cache, keys = GrowingCache(), []
+    for step in range(length):  # one token at a time, past the first buffer's spare room
+        k = torch.randn(rows, 2, 1, 4, generator=gen)
+        cache.update(k, -k, 0)
+        keys.append(k)
+        assert cache.get_seq_length() == step + 1
+    return cache, keys
+
+
+def test_growing_cache_appends_in_place_and_equals_concatenation() -> None:
+    cache, keys = _filled(3, 150, seed=1)
+    layer = cache.layers[0]
+    assert isinstance(layer, GrowingLayer) and layer.key_buffer.shape[2] > 150
+    assert torch.equal(layer.keys, torch.cat(keys, dim=2)) and torch.equal(layer.values, -torch.cat(keys, dim=2))
+    cache.batch_select_indices(torch.tensor([2, 0, 0]))
+    assert torch.equal(cache.layers[0].keys, torch.cat(keys, dim=2)[[2, 0, 0]])
+
+
+def test_split_off_and_merge_put_every_row_back_with_zero_padding() -> None:
+    cache, keys = _filled(5, 20, seed=2)
+    full = torch.cat(keys, dim=2)
+    part = cache.split_off([1, 3])
+    assert torch.equal(part.layers[0].keys, full[[1, 3]]) and torch.equal(cache.layers[0].keys, full[[0, 2, 4]])
+    extra = torch.randn(3, 2, 4, 4)
+    cache.update(extra, extra, 0)  # the kept rows decode on
+    merged = GrowingCache.merge([(part, [1, 3]), (cache, [0, 2, 4])], 5)
+    keys_out = merged.layers[0].keys
+    assert keys_out.shape == (5, 2, 24, 4)
+    assert torch.equal(keys_out[[0, 2, 4], :, :20], full[[0, 2, 4]]) and torch.equal(keys_out[[0, 2, 4], :, 20:], extra)
+    assert torch.equal(keys_out[[1, 3], :, :20], full[[1, 3]]) and not keys_out[[1, 3], :, 20:].any()

@@ -1,0 +1,98 @@
+"""The trainer's fast paths against the plain computation: the output layer only at loss positions,
+length-sorted micro-batches, and a bf16-autocast body with an fp32 head."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rljob.config import GRPOSpec
+from rljob.trainer.batch import collate, trainable_samples
+from rljob.trainer.grpo import GRPOTrainer
+from rljob.trainer.logits import masked_token_logprobs
+from rljob.trainer.loss import aggregate, grpo_token_terms, token_entropy, token_logprobs
+from rljob.trainer.model import tiny_causal_lm
+from rljob.trainer.toy import sample_toy_groups
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+TEMPERATURE = 0.8
+
+
+def _ragged_groups():
+    """Toy groups whose trajectories are cut to different lengths (so micro-batches pad)."""
+    gen = torch.Generator().manual_seed(4)
+    groups = sample_toy_groups(
+        tiny_causal_lm(32, seed=1), step=0, questions=3, group_size=4, policy_version=0, generator=gen,
+        new_tokens=(6, 9), injected=(3, 4, 7),
+    )  # fmt: skip
+    for g in groups:
+        for i, t in enumerate(g.trajectories):
+            cut = len(t.token_ids) - 2 * i
+            t.token_ids, t.loss_mask, t.behaviour_logprobs = (
+                t.token_ids[:cut],
+                t.loss_mask[:cut],
+                t.behaviour_logprobs[:cut],
+            )
+            t.reward = float(i % 2) + 0.1 * i
+    return groups
+
+
+def _full_vocab_gradient(model, groups, spec: GRPOSpec) -> torch.Tensor:
+    """The step's gradient as the trainer computed it before: full logits at every position, one
+    micro-batch in arrival order."""
+    samples = trainable_samples(groups, current_version=0, max_policy_lag=spec.max_policy_lag, scale_rewards=True)
+    mb = collate(samples.samples, 0)
+    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1] / TEMPERATURE
+    logp = token_logprobs(logits, mb.targets)
+    terms = grpo_token_terms(
+        logp, logp.detach(), mb.behaviour_logp, mb.advantages, mb.mask, clip_epsilon=spec.clip_epsilon,
+        ratio_cap=spec.importance_ratio_cap, entropy=token_entropy(logits), entropy_coef=spec.entropy_coef,
+    )  # fmt: skip
+    tokens = sum(s.num_loss_tokens for s in samples.samples)
+    aggregate(
+        terms.loss, mb.mask, spec.loss_aggregation, total_tokens=tokens, total_sequences=len(samples.samples)
+    ).backward()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+def test_head_at_loss_positions_and_sorted_micro_batches_give_the_full_vocab_gradient() -> None:
+    groups = _ragged_groups()
+    spec = GRPOSpec(group_size=4, questions_per_step=3, micro_batch_size=3, entropy_coef=0.01, max_grad_norm=1e9)
+    expected = _full_vocab_gradient(tiny_causal_lm(32), groups, spec)
+    trainer = GRPOTrainer(tiny_causal_lm(32), None, spec, temperature=TEMPERATURE)
+    captured = []
+    original = trainer.optimizer.step
+    trainer.optimizer.step = lambda *a, **k: (
+        captured.append(torch.cat([p.grad.reshape(-1).clone() for p in trainer.params])),
+        original(*a, **k),
+    )
+    trainer.train_step(groups, 0)
+    assert expected.abs().max() > 1e-3
+    assert torch.allclose(captured[0], expected, atol=1e-7, rtol=1e-5)
+
+
+def test_masked_logprobs_equal_the_full_softmax_at_loss_positions() -> None:
+    model = tiny_causal_lm(32, seed=2)
+    samples = trainable_samples(_ragged_groups(), current_version=0, max_policy_lag=0, scale_rewards=True).samples
+    mb = collate(samples[:5], 0)
+    got = masked_token_logprobs(model, mb, temperature=TEMPERATURE, entropy=True)
+    with torch.no_grad():
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1] / TEMPERATURE
+    assert torch.allclose(got.logp[mb.mask], token_logprobs(logits, mb.targets)[mb.mask], atol=1e-6)
+    assert torch.allclose(got.entropy[mb.mask], token_entropy(logits)[mb.mask], atol=1e-5)
+    assert not got.logp[~mb.mask].any() and not got.entropy[~mb.mask].any()
+
+
+def test_bf16_autocast_body_keeps_an_fp32_head_and_stays_close() -> None:
+    model = tiny_causal_lm(32, seed=3)
+    samples = trainable_samples(_ragged_groups(), current_version=0, max_policy_lag=0, scale_rewards=True).samples
+    mb = collate(samples, 0)
+    fp32 = masked_token_logprobs(model, mb).logp
+    bf16 = masked_token_logprobs(model, mb, autocast_dtype=torch.bfloat16).logp
+    assert bf16.dtype == torch.float32
+    assert (bf16 - fp32)[mb.mask].abs().max() < 0.05
+    # and a whole bf16 step trains: fp32 master weights, a finite loss
+    trainer = GRPOTrainer(model, None, GRPOSpec(group_size=4, questions_per_step=3), compute_dtype=torch.bfloat16)
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+    stats = trainer.train_step(_ragged_groups(), 0)
+    assert stats.updated and abs(stats.importance_weight - 1.0) < 0.05

@@ -1,0 +1,81 @@
+"""Attention for the transformers engine's decode steps: plain matrix products instead of SDPA.
+
+On CPU, torch's fused SDPA kernel is built for long queries. A decode step asks it for 1 query
+row per sequence (a few per key/value head under grouped-query attention) against the whole cache,
+and it spends most of a SmolLM2 decode step there (measured: `docs/results/step_speed.md`). Two
+batched matmuls and a softmax do the same work at the cost of the arithmetic. Prefill (many query
+rows) keeps transformers' own SDPA path, which is fast there.
+
+Registered under its own name so only models that ask for it use it; masks are built as for SDPA.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+ATTENTION_NAME = "rljob_sdpa"
+DECODE_QUERY_ROWS = 8  # up to this many new tokens a call takes the matmul path
+
+
+def grouped_decode_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+) -> torch.Tensor:
+    """softmax(q k^T * scaling + mask) v for query [b, h, q, d], key/value [b, hkv, L, d] -> [b, q, h, d].
+
+    The h query heads share hkv key/value heads in groups of h // hkv (no repeat of the cache).
+    The mask is SDPA's: bool (True = attend) or additive float, broadcastable to [b, 1, q, L].
+    Scores and the softmax are in fp32; the products run in the inputs' dtype.
+    """
+    b, h, q, d = query.shape
+    hkv, length = key.shape[1], key.shape[2]
+    groups = h // hkv
+    packed = query.reshape(b, hkv, groups * q, d)  # heads of a group are adjacent
+    scores = torch.matmul(packed, key.transpose(-1, -2)).float().mul_(scaling)
+    scores = scores.view(b, hkv, groups, q, length)
+    if attention_mask is not None:
+        mask = attention_mask[:, :, None] if attention_mask.dim() == 4 else attention_mask
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+    probs = scores.softmax(-1).to(value.dtype).view(b, hkv, groups * q, length)
+    out = torch.matmul(probs, value).view(b, h, q, d)
+    return out.transpose(1, 2).contiguous()
+
+
+def rljob_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    usable = (
+        query.shape[2] <= DECODE_QUERY_ROWS
+        and dropout == 0.0
+        and kwargs.get("softcap") is None
+        and kwargs.get("position_bias") is None
+        and query.shape[1] % key.shape[1] == 0
+    )
+    if not usable:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return grouped_decode_attention(query, key, value, attention_mask, scale), None
+
+
+def register() -> str:
+    """Make `attn_implementation=ATTENTION_NAME` available to transformers models (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION_NAME, rljob_attention_forward)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    return ATTENTION_NAME

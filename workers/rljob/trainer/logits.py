@@ -1,0 +1,85 @@
+"""Per-token log-probs of a micro-batch, with the output layer applied only where the loss is taken.
+
+About four fifths of a trajectory's positions carry no loss (the prompt, retrieved passages,
+padding), and a small model's vocabulary projection is a large share of its FLOPs (SmolLM2: 57 of
+about 290 MFLOP a token) plus a [tokens, vocab] logits tensor per micro-batch. For model families
+whose logits are the plain head of the last hidden state, the body runs on every position and the
+head only on the loss positions; the others take the full forward, because many transform their
+logits inside it (Granite's logits_scaling, Cohere's logit_scale, Gemma 2's soft-capping).
+
+The body may run under autocast (bf16 on fast hardware); the head and the log-softmax always run
+in fp32, since bf16 logits carry an ulp of 0.06-0.125 at the magnitudes a softmax sees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from rljob.trainer.batch import MicroBatch
+from rljob.trainer.loss import token_entropy, token_logprobs
+
+PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "gpt2"})
+
+
+@dataclass
+class TokenLogprobs:
+    logp: torch.Tensor  # [b, T-1] float32; 0 where mask is False
+    entropy: torch.Tensor | None  # [b, T-1] float32 when asked for; 0 where mask is False
+
+
+def autocast_context(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    if dtype is None or dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def _body_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    body = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    plain = getattr(getattr(model, "config", None), "model_type", None) in PLAIN_HEAD_MODELS
+    if body is None or head is None or body is model or not plain:
+        return None
+    return body, head
+
+
+def _scatter(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
+
+
+def masked_token_logprobs(
+    model: torch.nn.Module,
+    mb: MicroBatch,
+    *,
+    temperature: float = 1.0,
+    autocast_dtype: torch.dtype | None = None,
+    entropy: bool = False,
+) -> TokenLogprobs:
+    """log p(target) (and the entropy) at the loss positions of `mb`, of softmax(logits / temperature).
+
+    Gradients flow to the model; positions outside the mask get exact zeros and no gradient.
+    """
+    device = mb.input_ids.device
+    parts = _body_and_head(model)
+    if parts is None:
+        with autocast_context(device, autocast_dtype):
+            out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+        logits = (out.logits if hasattr(out, "logits") else out)[:, :-1, :].float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        logp = torch.where(mb.mask, token_logprobs(logits, mb.targets), 0.0)
+        ent = torch.where(mb.mask, token_entropy(logits), 0.0) if entropy else None
+        return TokenLogprobs(logp, ent)
+    body, head = parts
+    with autocast_context(device, autocast_dtype):
+        hidden = body(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).last_hidden_state
+    picked = hidden[:, :-1, :][mb.mask]  # [loss tokens, hidden]
+    with torch.autocast(device.type, enabled=False):
+        logits = head(picked.float())  # [loss tokens, vocab], fp32 master weights
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = _scatter(token_logprobs(logits, mb.targets[mb.mask]), mb.mask)
+    ent = _scatter(token_entropy(logits), mb.mask) if entropy else None
+    return TokenLogprobs(logp, ent)
