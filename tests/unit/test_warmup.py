@@ -12,6 +12,7 @@ from rljob.agent.prompt import information_block, prompt_ids
 from rljob.assets import hotpotqa_file
 from rljob.config import AgentSpec, RLJob, RLJobSpec, WarmupSpec
 from rljob.data.hotpotqa import build_corpus, parse_question
+from rljob.data.pools import job_pools
 from rljob.engines.models import save_tiny_model, tiny_random_model, train_tiny_tokenizer
 from rljob.retrieval import Retriever
 from rljob.trainer.batch import Sample, collate
@@ -144,7 +145,7 @@ def tiny_job(tmp_path_factory) -> RLJob:
                  "maxTrainQuestions": 30, "corpusFrom": "train"},
         "agent": {"maxTurns": 3, "topK": 1, "maxNewTokensPerTurn": 256, "maxTotalTokens": 2048, "passageMaxWords": 12},
         "grpo": {"klCoef": 0.1},
-        "warmup": {"enabled": True, "examples": 4, "batchSize": 2, "learningRate": 1e-3},
+        "warmup": {"enabled": True, "examples": 4, "batchSize": 2, "learningRate": 1e-3, "questionPool": 20},
     }})  # fmt: skip
 
 
@@ -154,10 +155,14 @@ def test_warmup_for_job_uses_only_train_questions(tiny_job):
     from rljob.trainer.model import load_policy
     from rljob.warmup.sft import job_demonstrations
 
-    retriever, _, _ = build_retriever_for_spec(tiny_job.spec.data)
+    retriever, train, evaluation = build_retriever_for_spec(tiny_job.spec.data)
     demos, read = job_demonstrations(tiny_job, load_tokenizer(tiny_job.spec.model), retriever)
     train_ids = {str(r["_id"]) for r in load_records(tiny_job.spec.data.train_path, limit=30)}
-    assert len(demos) == 4 and read <= 30 and {d.question_id for d in demos} <= train_ids
+    assert len(demos) == 4 and read <= 20 and {d.question_id for d in demos} <= train_ids
+    # only from the warm-up's own pool: RL never samples these questions
+    pools = job_pools(tiny_job.spec, [q.id for q in train], [q.id for q in evaluation])
+    assert {d.question_id for d in demos} <= {train[i].id for i in pools.warmup}
+    assert not {d.question_id for d in demos} & {train[i].id for i in pools.rl}
     result = warmup_for_job(tiny_job, load_policy(tiny_job.spec.model), progress=False)
     assert result.examples == 4 and result.steps == 2 and result.records_read == read
 
@@ -170,10 +175,10 @@ def test_an_enabled_warmup_without_demonstrations_is_an_error_not_a_silent_skip(
 
     cramped = tiny_job.model_copy(deep=True)
     cramped.spec.agent.max_new_tokens_per_turn = 4
-    with pytest.raises(WarmupError, match="none of the 30 train questions read gave a demonstration"):
+    with pytest.raises(WarmupError, match="none of the 20 train questions read gave a demonstration"):
         warmup_for_job(cramped, load_policy(cramped.spec.model), progress=False)
     greedy = tiny_job.model_copy(deep=True)
-    greedy.spec.warmup.examples = 1000  # more than 30 questions can give
+    greedy.spec.warmup.examples = 1000  # more than its pool of 20 questions can give
     with caplog.at_level("WARNING"):
         result = warmup_for_job(greedy, load_policy(greedy.spec.model), progress=False)
     assert 0 < result.examples < 1000 and "of the 1000 demonstrations wanted" in caplog.text

@@ -165,13 +165,18 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     # Everything the evaluation will read or write is checked here, before the model loads (minutes
     # for a large one), so a typo fails at once rather than after loading or, for --output, at the end.
-    load_job(args.file)
+    job = load_job(args.file)
     if args.questions:
         _check_questions_file(args.questions)
     if args.checkpoint and not (Path(args.checkpoint).is_dir() and _has_checkpoint(Path(args.checkpoint))):
         raise BadInput(f"--checkpoint {args.checkpoint}: not a trainer checkpoint (step-N) or a folder of them")
     if args.limit is not None and args.limit < 1:
         raise BadInput(f"--limit must be at least 1, not {args.limit}")
+    if args.split == "validation":
+        if args.questions:
+            raise BadInput("--split validation scores the manifest's validation slice: drop --questions")
+        if job.spec.data.validation_questions < 1:
+            raise BadInput("--split validation: the manifest sets no spec.data.validationQuestions")
     if args.output and Path(args.output).is_dir():
         raise BadInput(f"--output {args.output}: a folder; give the path of the JSON file to write")
     if args.output and not Path(args.output).resolve().parent.is_dir():
@@ -220,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--questions", help="HotpotQA JSON/JSONL (default: the manifest's eval set)")
     ev.add_argument("--checkpoint", help="trainer checkpoint directory (default: the untrained model)")
     ev.add_argument("--limit", type=int, default=None, help="first N questions")
+    ev.add_argument("--split", choices=["eval", "validation"], default="eval",
+                    help="eval: the manifest's eval set (or --questions); validation: its slice of the training "
+                    "questions that neither warm-up nor RL uses (spec.data.validationQuestions)")  # fmt: skip
     ev.add_argument("--output", help="write the result JSON here")
     ev.set_defaults(func=cmd_eval)
     return parser

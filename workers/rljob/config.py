@@ -79,6 +79,15 @@ class DataSpec(ApiModel):
         None, description="PersistentVolumeClaim mounted read-only at /data in every worker (data, local models)."
     )
     seed: int = Field(0, ge=0, description="Seed for shuffling the training questions.")
+    validation_questions: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description=(
+            "Training questions set aside as a validation slice that neither the warm-up nor RL uses "
+            "(`rljob eval --split validation` scores it): choose settings there, never on the evaluation set."
+        ),
+    )
 
 
 class AgentSpec(ApiModel):
@@ -354,6 +363,16 @@ class WarmupSpec(ApiModel):
         2, ge=1, le=15, description="Most searches per demonstration (a 2nd looks up a missing supporting title)."
     )
     seed: int = Field(0, ge=0, description="Seed for the order of the demonstrations.")
+    question_pool: int | None = Field(
+        None,
+        ge=1,
+        le=10_000_000,
+        description=(
+            "Training questions reserved for the warm-up: demonstrations come only from them and RL never "
+            "samples them. Default 2 x examples (about half of the questions give a demonstration), at most "
+            "half of the training questions outside the validation slice."
+        ),
+    )
 
 
 class RLJobSpec(ApiModel):

@@ -100,6 +100,15 @@ def questions_to_score(questions: list[Any], job: Any, *, from_file: bool, limit
     return chosen[:limit] if limit else chosen
 
 
+def validation_questions(job: Any, train: list[Any], evaluation: list[Any]) -> list[Any]:
+    """The job's validation slice of its training questions (`data.validationQuestions`), which
+    neither the warm-up nor RL uses: where settings are chosen, never on the evaluation set."""
+    from rljob.data.pools import job_pools
+
+    pools = job_pools(job.spec, [q.id for q in train], [q.id for q in evaluation])
+    return [train[i] for i in pools.validation]
+
+
 def evaluate_cli(args: argparse.Namespace) -> int:
     import torch
 
@@ -111,9 +120,12 @@ def evaluate_cli(args: argparse.Namespace) -> int:
 
     job = resolve_bundled(load_rljob(args.file))
     from_file = load_questions(args.questions, limit=args.limit) if args.questions else []
-    retriever, _, eval_questions = build_retriever_for_spec(job.spec.data, extra_eval=from_file)
-    questions = from_file if args.questions else eval_questions
-    questions = questions_to_score(questions, job, from_file=bool(args.questions), limit=args.limit)
+    retriever, train, eval_questions = build_retriever_for_spec(job.spec.data, extra_eval=from_file)
+    if getattr(args, "split", "eval") == "validation":
+        questions = validation_questions(job, train, eval_questions)[: args.limit or None]
+    else:
+        questions = from_file if args.questions else eval_questions
+        questions = questions_to_score(questions, job, from_file=bool(args.questions), limit=args.limit)
     engine = load_engine(job.spec.model, "hf", "cuda" if torch.cuda.is_available() else "cpu")
     if args.checkpoint:
         weights = load_checkpoint_weights(args.checkpoint)

@@ -115,9 +115,16 @@ def eval_requests(step: int, questions: Sequence[Any], version: int) -> list[Pro
 
 
 def load_questions(job: RLJob) -> tuple[list[Any], list[Any]]:
+    """(RL prompt pool, evaluation questions): the warm-up's pool and the validation slice are out
+    of the RL pool, and so is any training question the evaluation set also holds."""
     from rljob.data import load_questions_for_spec
+    from rljob.data.pools import job_pools
 
-    return load_questions_for_spec(job.spec.data)
+    train, evaluation = load_questions_for_spec(job.spec.data)
+    pools = job_pools(job.spec, [q.id for q in train], [q.id for q in evaluation])
+    log.info("question pools: %s of %d training questions; %d evaluation questions",
+             pools.sizes(), len(train), len(evaluation))  # fmt: skip
+    return [train[i] for i in pools.rl], evaluation
 
 
 def load_policy_model(job: RLJob) -> torch.nn.Module:

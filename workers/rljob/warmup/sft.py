@@ -11,14 +11,15 @@ import logging
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
 from rljob.config import RLJob, WarmupSpec
-from rljob.data.hotpotqa import hub_location, load_hub_records
+from rljob.data.hotpotqa import hub_location, load_hub_records, parse_question
+from rljob.data.pools import job_pools
 from rljob.trainer.batch import MicroBatch, Sample, collate, micro_batches
 from rljob.trainer.logits import masked_token_logprobs
 from rljob.warmup.demonstrations import Demonstration, build_demonstrations, load_records
@@ -109,14 +110,19 @@ def run_sft(
     return result
 
 
-def job_demonstrations(job: RLJob, tokenizer: Any, retriever: Any) -> tuple[list[Demonstration], int]:
-    """The job's demonstrations: its training questions only, in a seeded order."""
+def job_demonstrations(
+    job: RLJob, tokenizer: Any, retriever: Any, eval_ids: Iterable[str] = ()
+) -> tuple[list[Demonstration], int]:
+    """The job's demonstrations: questions of its warm-up pool only (`rljob.data.pools`), which RL
+    never samples and the evaluation never holds, in a seeded order."""
     data, warm = job.spec.data, job.spec.warmup
     if data.source == "hub":
         name, split = hub_location(data.train_path, "train")
         records: list[Any] = load_hub_records(name, split, limit=data.max_train_questions)
     else:
         records = list(load_records(data.train_path, data.max_train_questions))
+    pools = job_pools(job.spec, [parse_question(r).id for r in records], eval_ids)
+    records = [records[i] for i in pools.warmup]
     random.Random(warm.seed).shuffle(records)
     return build_demonstrations(
         records, tokenizer, retriever, job.spec.agent, limit=warm.examples, max_searches=warm.max_searches
@@ -136,8 +142,8 @@ def warmup_for_job(
     from rljob.trainer.model import pad_token_id_of
 
     tokenizer = load_tokenizer(job.spec.model)
-    retriever, _, _ = build_retriever_for_spec(job.spec.data)
-    demos, read = job_demonstrations(job, tokenizer, retriever)
+    retriever, _, evaluation = build_retriever_for_spec(job.spec.data)
+    demos, read = job_demonstrations(job, tokenizer, retriever, [q.id for q in evaluation])
     wanted = job.spec.warmup.examples
     if not demos:
         raise WarmupError(
