@@ -160,7 +160,12 @@ def phase_generate(args) -> dict:
     started = time.perf_counter()
     ours = sum(len(o.token_ids) for o in engine.generate(contexts, params))
     ours_s = time.perf_counter() - started
-    model, width = engine.model, max(len(c) for c in contexts)
+    # transformers as a TRL user gets it: a model of its own, its default attention and cache
+    from rljob.assets import smollm2_model_dir
+    from rljob.config import ModelSpec
+    from rljob.engines.models import load_model
+
+    model, width = load_model(ModelSpec(name=str(smollm2_model_dir()))), max(len(c) for c in contexts)
     pad = engine.pad_id
     ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts])
     mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])

@@ -51,6 +51,10 @@ class RLJobStatus(ApiModel):
     eval_f1: float | None = Field(None, description="Token F1 on held-out questions at the last eval.")
     last_step_seconds: float | None = Field(None, description="Wall time of the last training step.")
     weight_bytes_last_step: int | None = Field(None, description="Bytes published to the weight store last step.")
+    groups_generated: int | None = Field(None, description="Trajectory groups generated for training so far.")
+    groups_dropped: int | None = Field(
+        None, description="Of them, groups without signal (all rewards equal), generated but not trained on."
+    )
     restarts: int = Field(0, description="Gang restarts so far (kept here so no child cleanup resets it).")
     last_restart_time: str | None = Field(None, description="When the gang was last restarted after a failure.")
     counted_failure_uid: str | None = Field(

@@ -264,6 +264,8 @@ def compute_status(
         st.mean_reward = round(metrics.mean_reward, 4)
         st.last_step_seconds = round(metrics.step_seconds, 3)
         st.weight_bytes_last_step = metrics.weight_bytes
+        st.groups_generated = metrics.groups_generated_total
+        st.groups_dropped = metrics.groups_dropped_total
         if metrics.eval_exact_match is not None:
             st.eval_exact_match = round(metrics.eval_exact_match, 4)
         if metrics.eval_f1 is not None:

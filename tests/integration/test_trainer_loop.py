@@ -39,7 +39,9 @@ def _job(model_dir: Path, total_steps: int, lag: int = 0) -> RLJob:
     )  # fmt: skip
 
 
-def _start_responder(url: str, job: RLJob, stop: threading.Event, errors: list[BaseException]) -> threading.Thread:
+def _start_responder(
+    url: str, job: RLJob, stop: threading.Event, errors: list[BaseException], reward=None
+) -> threading.Thread:
     """A rollout worker in miniature: prompts in, real multi-turn episodes out, weights synced.
 
     The model is loaded here, before the thread starts: transformers' loading is not thread-safe.
@@ -49,12 +51,13 @@ def _start_responder(url: str, job: RLJob, stop: threading.Event, errors: list[B
 
     engine = HFEngine.from_spec(job.spec.model, seed=0)
     retriever, _, _ = build_retriever_for_spec(job.spec.data)
-    thread = threading.Thread(target=_serve, args=(url, job, engine, retriever, stop, errors), daemon=True)
+    score = reward or (lambda group, t: _toy_reward(t))
+    thread = threading.Thread(target=_serve, args=(url, job, engine, retriever, stop, errors, score), daemon=True)
     thread.start()
     return thread
 
 
-def _serve(url: str, job: RLJob, engine, retriever, stop: threading.Event, errors: list[BaseException]) -> None:
+def _serve(url: str, job: RLJob, engine, retriever, stop: threading.Event, errors: list[BaseException], score) -> None:
     try:
         from rljob.agent.rollout import generate_groups
         from rljob.rollout.streams import ensure_groups, publish_group, read_new
@@ -75,7 +78,7 @@ def _serve(url: str, job: RLJob, engine, retriever, stop: threading.Event, error
             groups = generate_groups(engine, retriever, [h.request for h in held], job.spec.agent, "it-worker")
             for g in groups:
                 for t in g.trajectories:
-                    t.reward = _toy_reward(t)
+                    t.reward = score(g, t)
             for h, g in zip(held, groups, strict=True):
                 publish_group(client, keys, h, g)
     except BaseException as exc:  # surfaced by the test
@@ -238,4 +241,44 @@ def test_policy_lag_pipelines_prompts_ahead(
     assert len(trained) == 6
     for g in trained:  # every sample was within the allowed lag of the version it trained
         assert all(t.policy_version >= g.step - 1 for t in g.trajectories)
+    _assert_streams_empty(client, keys)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_dynamic_sampling_refills_degenerate_steps_and_counts_them(
+    redis_server, tiny_model_dir: Path, tmp_path: Path, sent_prompts: list[PromptRequest]
+):
+    """A step's own prompts all come back degenerate (every sample scores 0); with dynamicSampling
+    the trainer asks for refill prompts until it has questionsPerStep informative groups, and the
+    groups generated and dropped are counted in the metrics (and so in the RLJob status)."""
+    job = _job(tiny_model_dir, total_steps=2)
+    job.spec.grpo.dynamic_sampling, job.spec.grpo.max_refill_rounds = True, 3
+    job.spec.eval.interval = 0
+    keys = JobKeys("test", "grpo-it")
+    client = redis.Redis.from_url(redis_server.url)
+    stop, errors = threading.Event(), []
+
+    def reward(group, t) -> float:  # refills ("-x<round>-") earn the toy reward, first asks nothing
+        return _toy_reward(t) if "-x" in group.request_id else 0.0
+
+    worker = _start_responder(redis_server.url, job, stop, errors, reward)
+    try:
+        run_trainer(job, redis_server.url, str(tmp_path / "ckpt"), results_dir=str(tmp_path / "r"), progress=False)
+    finally:
+        stop.set()
+        worker.join(timeout=30)
+    assert not errors, errors
+    lines = lines_of(tmp_path / "r")
+    assert len(lines) == 2
+    for line in lines:
+        assert 1 <= line["refill_rounds"] <= 3 and line["groups_generated"] >= 4
+        assert line["groups_informative"] == 2 or line["refill_rounds"] == 3
+        assert line["train_degenerate_groups"] == line["groups_generated"] - line["groups_informative"]
+    m = TrainerMetrics.from_redis(client.hgetall(keys.metrics))
+    assert m.groups_generated_total == sum(x["groups_generated"] for x in lines)
+    assert m.groups_dropped_total == sum(x["groups_generated"] - x["groups_informative"] for x in lines)
+    refills = [p for p in sent_prompts if "-x" in p.request_id]
+    assert refills and all(p.step in (0, 1) for p in refills)
+    assert len({p.request_id for p in sent_prompts}) == len(sent_prompts)
     _assert_streams_empty(client, keys)

@@ -127,6 +127,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"[rljob] {label.replace('_', ' ')}: EM {ev['exact_match']:.3f}  F1 {ev['f1']:.3f}  "
                       f"format {ev['format_rate']:.2f}  searches/q {ev['searches_per_question']:.2f}  "
                       f"(n={ev['questions']})")  # fmt: skip
+        if all("per_question" in summary.get(label, {}) for label in ("eval_before", "eval_after")):
+            from rljob.stats import compare_paired
+
+            paired = compare_paired(summary["eval_before"]["per_question"], summary["eval_after"]["per_question"])
+            print(f"[rljob] paired, same questions: {paired.line()}")
         print(f"[rljob] done: metrics, evals and plots in {results}")
     return code
 

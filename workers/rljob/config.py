@@ -151,6 +151,25 @@ class GRPOSpec(ApiModel):
     gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
     checkpoint_interval: int = Field(10, ge=1, description="Steps between trainer checkpoints.")
     seed: int = Field(0, ge=0, description="Trainer seed.")
+    lr_warmup_steps: int = Field(
+        0, ge=0, le=1_000_000, description="Linear learning-rate warm-up over the first N optimiser steps (TRL)."
+    )
+    answerable_only: bool = Field(
+        False,
+        description=(
+            "Draw RL prompts only from questions whose gold answer appears in what the retriever returns for "
+            "the question itself (agent.topK passages of agent.passageMaxWords words, the warm-up's check): "
+            "on the others every sample scores 0, the group is dropped, and its rollouts were paid for."
+        ),
+    )
+    dynamic_sampling: bool = Field(
+        False,
+        description=(
+            "DAPO's dynamic sampling: while fewer than questionsPerStep of a step's groups are informative "
+            "(rewards not all equal), ask for more prompts, up to maxRefillRounds rounds."
+        ),
+    )
+    max_refill_rounds: int = Field(3, ge=0, le=100, description="Most extra prompt rounds a step asks for.")
 
     model_config = ConfigDict(
         json_schema_extra={

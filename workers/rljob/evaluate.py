@@ -17,12 +17,13 @@ from typing import Any
 from rljob.protocol import PromptRequest, TrajectoryGroup
 
 
-def summarise_eval(groups: Sequence[TrajectoryGroup]) -> dict[str, float | int]:
+def summarise_eval(groups: Sequence[TrajectoryGroup]) -> dict[str, Any]:
     """EM, F1, format rate and searches per question over greedy groups (one sample each)."""
-    from rljob.trainer.metrics import rollout_metrics
+    from rljob.trainer.metrics import per_question_scores, rollout_metrics
 
-    summary: dict[str, float | int] = dict(rollout_metrics(groups))
+    summary: dict[str, Any] = dict(rollout_metrics(groups))
     summary["questions"] = len(groups)
+    summary["per_question"] = per_question_scores(groups)
     return summary
 
 
@@ -135,7 +136,7 @@ def evaluate_cli(args: argparse.Namespace) -> int:
     round_to_served(engine.model)
     result = evaluate_engine(engine, retriever, questions, job.spec.agent)
     result["checkpoint"] = str(args.checkpoint) if args.checkpoint else "untrained"
-    print(json.dumps(result))
+    print(json.dumps({k: v for k, v in result.items() if k != "per_question"}))  # per question: in --output
     if args.output:
         Path(args.output).write_text(json.dumps(result, indent=2))
     return 0

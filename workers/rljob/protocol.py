@@ -100,6 +100,8 @@ class TrainerMetrics(BaseModel):
     wait_seconds: float = 0.0
     train_seconds: float = 0.0
     dropped_stale: int = 0
+    groups_generated_total: int = 0  # trajectory groups generated for training (refills included)
+    groups_dropped_total: int = 0  # of them, groups without signal (equal rewards), not trained on
     weight_bytes: int = 0
     eval_step: int = -1
     eval_exact_match: float | None = None

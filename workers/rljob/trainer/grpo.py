@@ -96,6 +96,7 @@ class GRPOTrainer:
         self.optimizer = torch.optim.AdamW(
             self.params, lr=spec.learning_rate, weight_decay=spec.weight_decay, betas=(0.9, 0.999), eps=1e-8
         )
+        self.updates = 0  # optimiser steps taken (steps without signal take none)
         # The body's forward and backward run under autocast to `compute_dtype` (bf16 where the hardware
         # is fast at it: rljob.precision); master weights, AdamW and the output layer stay fp32.
         self.autocast_dtype = None if compute_dtype == torch.float32 else compute_dtype
@@ -166,7 +167,9 @@ class GRPOTrainer:
                 sums += self._accumulate(mb, epoch, i, prox_cache, ref_cache, stats)
             sync_gradients(self.gang, self.params)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, spec.max_grad_norm)
+            self._set_learning_rate()
             self.optimizer.step()
+            self.updates += 1
             self.optimizer.zero_grad(set_to_none=True)
         stats.grad_norm = float(grad_norm)
         stats.updated = True
@@ -236,13 +239,24 @@ class GRPOTrainer:
                 dtype=torch.float64,
             )
 
+    @property
+    def learning_rate(self) -> float:
+        """The rate of the next optimiser step: linear warm-up over `lrWarmupSteps`, then constant."""
+        warmup = self.spec.lr_warmup_steps
+        return self.spec.learning_rate * (min(1.0, (self.updates + 1) / warmup) if warmup else 1.0)
+
+    def _set_learning_rate(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.learning_rate
+
     # -- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "updates": self.updates}
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state.get("updates", 0))  # checkpoints before lrWarmupSteps did not count
 
 
 def samples_of(groups: Sequence[TrajectoryGroup], current_version: int, spec: GRPOSpec) -> list[Sample]:

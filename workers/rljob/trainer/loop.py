@@ -21,7 +21,9 @@ import torch
 
 from rljob.config import RLJob
 from rljob.keys import JobKeys
-from rljob.protocol import EVAL_ID_PREFIX, PromptRequest, TrainerMetrics
+from rljob.protocol import EVAL_ID_PREFIX, PromptRequest, TrainerMetrics, TrajectoryGroup
+from rljob.trainer.advantages import is_degenerate
+from rljob.trainer.batch import is_stale
 from rljob.trainer.checkpoint import (
     REFERENCE_FILE,
     CheckpointRef,
@@ -46,7 +48,7 @@ from rljob.trainer.distributed import (
     init_gang,
 )
 from rljob.trainer.grpo import GRPOTrainer, frozen_copy
-from rljob.trainer.metrics import MetricsWriter, rollout_metrics
+from rljob.trainer.metrics import MetricsWriter, per_question_scores, rollout_metrics
 
 log = logging.getLogger(__name__)
 
@@ -63,17 +65,55 @@ def epoch_order(epoch: int, total: int, seed: int) -> tuple[int, ...]:
     return tuple(order)
 
 
+def question_slots(first: int, count: int, total: int, seed: int) -> list[int]:
+    """Questions at positions first..first+count-1 of the endless sequence of per-epoch shuffles."""
+    out = []
+    for slot in range(first, first + count):
+        epoch, pos = divmod(slot, total)
+        out.append(epoch_order(epoch, total, seed)[pos])
+    return out
+
+
 def question_indices(step: int, per_step: int, total: int, seed: int) -> list[int]:
     """Which training questions step `step` uses: consecutive slices of a per-epoch shuffle.
 
     A pure function of the step, so a resumed run asks exactly what an uninterrupted one would;
     O(per_step) once the epoch's order is cached.
     """
-    out = []
-    for slot in range(step * per_step, (step + 1) * per_step):
-        epoch, pos = divmod(slot, total)
-        out.append(epoch_order(epoch, total, seed)[pos])
-    return out
+    return question_slots(step * per_step, per_step, total, seed)
+
+
+REFILL_SEED = 500_009  # refill prompts come from their own shuffle, not the next steps' questions
+
+
+def refill_requests(
+    step: int, round_: int, count: int, questions: Sequence[Any], job: RLJob, min_policy_version: int, run_tag: str
+) -> list[PromptRequest]:
+    """Extra prompts for step `step` (dynamic sampling), round `round_`: at most questionsPerStep."""
+    grpo = job.spec.grpo
+    first = (step * max(grpo.max_refill_rounds, 1) + round_) * grpo.questions_per_step
+    idx = question_slots(first, min(count, grpo.questions_per_step), len(questions), job.spec.data.seed + REFILL_SEED)
+    return [
+        PromptRequest(
+            request_id=f"s{step}-x{round_}-q{slot}-r{run_tag}-{questions[i].id}",
+            step=step,
+            question_id=questions[i].id,
+            question=questions[i].question,
+            answers=list(questions[i].answers),
+            group_size=grpo.group_size,
+            min_policy_version=min_policy_version,
+        )
+        for slot, i in enumerate(idx)
+    ]
+
+
+def informative_groups(groups: Sequence[TrajectoryGroup], current_version: int, max_policy_lag: int) -> int:
+    """Groups that will carry a gradient: fresh samples whose rewards are not all equal."""
+    count = 0
+    for group in groups:
+        rewards = [t.reward for t in group.trajectories if not is_stale(t, current_version, max_policy_lag)]
+        count += not is_degenerate(rewards)
+    return count
 
 
 def step_requests(
@@ -122,9 +162,34 @@ def load_questions(job: RLJob) -> tuple[list[Any], list[Any]]:
 
     train, evaluation = load_questions_for_spec(job.spec.data)
     pools = job_pools(job.spec, [q.id for q in train], [q.id for q in evaluation])
+    rl = [train[i] for i in pools.rl]
+    sizes = pools.sizes()
+    if job.spec.grpo.answerable_only:
+        rl = answerable_questions(job, rl, train, evaluation)
+        sizes["rl_answerable"] = len(rl)
+        if not rl:
+            raise ValueError(
+                "grpo.answerableOnly: no RL question's answer appears in its retrieved passages; raise agent.topK "
+                "or agent.passageMaxWords, or turn answerableOnly off"
+            )
     log.info("question pools: %s of %d training questions; %d evaluation questions",
-             pools.sizes(), len(train), len(evaluation))  # fmt: skip
-    return [train[i] for i in pools.rl], evaluation
+             sizes, len(train), len(evaluation))  # fmt: skip
+    return rl, evaluation
+
+
+def answerable_questions(job: RLJob, questions: Sequence[Any], train: Sequence[Any], evaluation: Sequence[Any]) -> list:
+    """The questions whose gold answer is in what the job's retriever returns for the question itself
+    (about a second for 2,000 questions on CPU)."""
+    from rljob.retrieval.retriever import Retriever
+    from rljob.warmup.demonstrations import answer_found
+
+    agent = job.spec.agent
+    corpus = [*train, *evaluation] if job.spec.data.corpus_from == "train+eval" else list(train)
+    hits = Retriever.from_questions(corpus).search_batch([q.question for q in questions], agent.top_k)
+    return [
+        q for q, passages in zip(questions, hits, strict=True)
+        if any(answer_found(a, passages, agent.passage_max_words) for a in q.answers)
+    ]  # fmt: skip
 
 
 def load_policy_model(job: RLJob) -> torch.nn.Module:
@@ -211,6 +276,10 @@ def _train(
 
         questions, eval_all = load_questions(job)
         eval_questions = eval_all[: spec.eval.questions]
+        if resumed is not None:  # the group counts go on from where the run left them
+            earlier = TrainerMetrics.from_redis(client.hgetall(keys.metrics) or {})
+            metrics.groups_generated_total = earlier.groups_generated_total
+            metrics.groups_dropped_total = earlier.groups_dropped_total
         publisher = WeightPublisher.from_spec(client, keys, spec.weight_sync)
         published = publisher.publish(trainer.model)  # version 0 (full) on a fresh job
         version = published.version
@@ -229,6 +298,7 @@ def _train(
 
     lag = grpo.max_policy_lag
     dropped_total = 0
+    informative = rounds = 0
     enqueued_through = start_step - 1
     bar = _progress_bar(progress and gang.is_main, grpo.total_steps, start_step)
     for step in range(start_step, grpo.total_steps):
@@ -248,6 +318,19 @@ def _train(
             wanted = [r.request_id for r in step_requests(step, questions, job, 0, run_tag)]
             groups, entry_ids = collector.collect(step, wanted, timeout_s=collect_timeout_s,
                                                   on_wait=lambda *_: answer_rebase(publisher))  # fmt: skip
+            informative, rounds = informative_groups(groups, version, lag), 0
+            while grpo.dynamic_sampling and informative < grpo.questions_per_step and rounds < grpo.max_refill_rounds:
+                reqs = refill_requests(step, rounds, grpo.questions_per_step - informative, questions, job,
+                                       version, run_tag)  # fmt: skip
+                collector.expect(reqs)
+                enqueue_prompts(client, keys.prompts, reqs)
+                more, more_ids = collector.collect(step, [r.request_id for r in reqs], timeout_s=collect_timeout_s,
+                                                   on_wait=lambda *_: answer_rebase(publisher))  # fmt: skip
+                groups, entry_ids = groups + more, entry_ids + more_ids
+                wanted += [r.request_id for r in reqs]
+                informative, rounds = informative_groups(groups, version, lag), rounds + 1
+            metrics.groups_generated_total += len(groups)
+            metrics.groups_dropped_total += len(groups) - informative
             roll = rollout_metrics(groups)
         wait_seconds = time.perf_counter() - step_started
         groups = broadcast_object(gang, groups)
@@ -277,7 +360,14 @@ def _train(
             dropped_total += stats.dropped_stale
             extra = {f"train_{k}": v for k, v in stats.as_dict().items()}
             extra.update(
-                weight_kind=published.kind, weight_changed=published.changed, dropped_stale_total=dropped_total
+                weight_kind=published.kind,
+                weight_changed=published.changed,
+                dropped_stale_total=dropped_total,
+                groups_generated=len(groups),
+                groups_informative=informative,
+                refill_rounds=rounds,
+                informative_group_rate=informative / max(len(groups), 1),
+                learning_rate=trainer.learning_rate,
             )
             last = step + 1 == grpo.total_steps
             if spec.eval.interval and eval_questions and ((step + 1) % spec.eval.interval == 0 or last):
@@ -456,7 +546,8 @@ def _evaluate(
         return None
     result = rollout_metrics(groups)
     _update(metrics, {"eval_step": step, "eval_exact_match": result["exact_match"], "eval_f1": result["f1"]})
-    return {**result, "step": step, "policy_version": version, "questions": len(groups)}
+    return {**result, "step": step, "policy_version": version, "questions": len(groups),
+            "per_question": per_question_scores(groups)}  # fmt: skip
 
 
 def answer_rebase(publisher: Any) -> None:

@@ -34,6 +34,15 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     }
 
 
+def per_question_scores(groups: Sequence[TrajectoryGroup]) -> list[dict[str, float | str]]:
+    """One row per question of a greedy evaluation (its first sample): what paired tests compare."""
+    return [
+        {"id": g.question_id, "em": g.trajectories[0].exact_match, "f1": g.trajectories[0].f1}
+        for g in groups
+        if g.trajectories
+    ]
+
+
 class MetricsWriter:
     """Writes each step's metrics to the hash, the log stream and (optionally) metrics.jsonl."""
 

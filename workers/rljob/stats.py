@@ -1,0 +1,80 @@
+"""Paired comparisons of two evaluations on the same questions: is a change more than noise?
+
+Before and after scores of one question are correlated, so a paired test sees much smaller changes
+than comparing two means: McNemar's exact test on exact match (only questions whose correctness
+flipped carry information) and a bootstrap interval on the mean F1 difference.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+
+def mcnemar_exact(gained: int, lost: int) -> float:
+    """Two-sided exact p-value of McNemar's test: under no change, each flip is a fair coin."""
+    n = gained + lost
+    if n == 0:
+        return 1.0
+    k = min(gained, lost)
+    tail = math.fsum(math.comb(n, i) for i in range(k + 1)) / 2.0**n
+    return min(1.0, 2.0 * tail)
+
+
+def bootstrap_interval(
+    diffs: Sequence[float], *, level: float = 0.95, resamples: int = 10_000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile interval of the mean of `diffs` over resamples of the questions."""
+    if not diffs:
+        return (0.0, 0.0)
+    rng = random.Random(seed)
+    n = len(diffs)
+    means = sorted(math.fsum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
+    low = means[int((1 - level) / 2 * resamples)]
+    high = means[min(resamples - 1, int((1 + level) / 2 * resamples))]
+    return (low, high)
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    questions: int
+    em_before: float
+    em_after: float
+    em_gain: float
+    em_gained: int  # questions wrong before and right after
+    em_lost: int  # right before, wrong after
+    em_p_value: float  # McNemar's exact test
+    f1_before: float
+    f1_after: float
+    f1_gain: float
+    f1_gain_interval: tuple[float, float]  # 95% bootstrap
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def line(self) -> str:
+        low, high = self.f1_gain_interval
+        em = (f"EM {self.em_before:.3f} -> {self.em_after:.3f} ({self.em_gain:+.3f}; {self.em_gained} gained, "
+              f"{self.em_lost} lost, McNemar p={self.em_p_value:.3g})")  # fmt: skip
+        f1 = f"F1 {self.f1_before:.3f} -> {self.f1_after:.3f} ({self.f1_gain:+.3f}, 95% CI {low:+.3f}..{high:+.3f})"
+        return f"{em}  {f1}  n={self.questions}"
+
+
+def compare_paired(before: Sequence[Mapping], after: Sequence[Mapping]) -> PairedComparison:
+    """Compare per-question scores ({"id", "em", "f1"}) on the questions both evaluations hold."""
+    first = {row["id"]: row for row in before}
+    pairs = [(first[row["id"]], row) for row in after if row["id"] in first]
+    if not pairs:
+        raise ValueError("the two evaluations share no question id")
+    n = len(pairs)
+    gained = sum(1 for b, a in pairs if a["em"] > b["em"])
+    lost = sum(1 for b, a in pairs if a["em"] < b["em"])
+    em_b, em_a = (math.fsum(b["em"] for b, _ in pairs) / n, math.fsum(a["em"] for _, a in pairs) / n)
+    f1_b, f1_a = (math.fsum(b["f1"] for b, _ in pairs) / n, math.fsum(a["f1"] for _, a in pairs) / n)
+    return PairedComparison(
+        questions=n, em_before=em_b, em_after=em_a, em_gain=em_a - em_b, em_gained=gained, em_lost=lost,
+        em_p_value=mcnemar_exact(gained, lost), f1_before=f1_b, f1_after=f1_a, f1_gain=f1_a - f1_b,
+        f1_gain_interval=bootstrap_interval([a["f1"] - b["f1"] for b, a in pairs]),
+    )  # fmt: skip
