@@ -58,3 +58,26 @@ def test_split_off_and_merge_put_every_row_back_with_zero_padding() -> None:
     assert keys_out.shape == (5, 2, 24, 4)
     assert torch.equal(keys_out[[0, 2, 4], :, :20], full[[0, 2, 4]]) and torch.equal(keys_out[[0, 2, 4], :, 20:], extra)
     assert torch.equal(keys_out[[1, 3], :, :20], full[[1, 3]]) and not keys_out[[1, 3], :, 20:].any()
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "float"])
+def test_decode_attention_on_whole_cache_buffers_equals_the_cached_length(mask_kind: str) -> None:
+    """Decode attention reads the growing cache's buffers whole and masks their spare positions."""
+    from rljob.engines.attention import rljob_attention_forward, whole_buffers
+
+    gen = torch.Generator().manual_seed(3)
+    cache = GrowingCache()
+    k, v = torch.randn(2, 2, 5, 8, generator=gen), torch.randn(2, 2, 5, 8, generator=gen)
+    keys, values = cache.update(k, v, 0)
+    assert not keys.is_contiguous()  # a view of a buffer with spare room
+    q = torch.randn(2, 4, 1, 8, generator=gen)
+    keep = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    keep[0, ..., :2] = False
+    mask = {"none": None, "bool": keep, "float": torch.where(keep, 0.0, float("-inf"))}[mask_kind]
+    kb, vb, wide = whole_buffers(keys, values, mask, 1)
+    assert kb.shape[2] > 5 and wide.shape[-1] == kb.shape[2] and kb.is_contiguous() and vb.shape == kb.shape
+    assert torch.equal(kb[:, :, :5], keys) and not kb[:, :, 5:].any()
+    module = torch.nn.Module()
+    got, _ = rljob_attention_forward(module, q, keys, values, mask, scaling=0.25)
+    expected = grouped_decode_attention(q, keys.contiguous(), values.contiguous(), mask, 0.25)
+    assert torch.allclose(got, expected, atol=1e-6)

@@ -26,3 +26,10 @@ def test_the_eval_plot_has_the_evaluation_before_training(tmp_path: Path) -> Non
 def test_without_an_evaluation_before_only_the_rows_count(tmp_path: Path) -> None:
     rows = [{"step": 3, "eval_exact_match": 1.0, "eval_f1": 1.0, "eval_step": 3}, {"step": 4}]
     assert eval_points(tmp_path, rows) == [(3, 1.0, 1.0)]
+
+
+def test_runs_that_count_informative_groups_get_their_panel(tmp_path: Path) -> None:
+    rows = [{"step": s, "mean_reward": 0.1 * s, "informative_group_rate": 0.5, "groups_generated": 8} for s in (1, 2)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    names = {p.name for p in plot_run(tmp_path)}
+    assert "informative_groups.png" in names and "reward.png" in names

@@ -1,4 +1,4 @@
-"""PNG plots of a run's metrics.jsonl: reward, eval EM/F1, step time split, weight bytes."""
+"""PNG plots of a run's metrics.jsonl: reward, informative groups, eval EM/F1, step time split, weight bytes."""
 
 from __future__ import annotations
 
@@ -52,6 +52,15 @@ def plot_run(results_dir: Path) -> list[Path]:
     ax.legend()
     ax.set_title("reward")
     save(fig, "reward.png")
+
+    if any("informative_group_rate" in r for r in rows):
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.plot(steps, [r.get("informative_group_rate", 0.0) for r in rows], "o-", label="informative / generated")
+        ax.plot(steps, [r.get("groups_generated", 0) for r in rows], "s--", label="groups generated")
+        ax.set_xlabel("step")
+        ax.legend()
+        ax.set_title("groups with signal (rewards not all equal)")
+        save(fig, "informative_groups.png")
 
     evals = eval_points(results_dir, rows)
     fig, ax = plt.subplots(figsize=(6, 3.5))

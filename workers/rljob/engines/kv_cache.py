@@ -3,10 +3,13 @@
 transformers' `DynamicLayer` grows by `torch.cat` on every call, copying the whole cache once per
 decoded token. Here each layer keeps its keys and values in a buffer with spare room along the
 sequence axis: an append writes into it, and the buffer is copied only when it fills up (it grows
-by half its size) or when rows are selected. `split_off` moves finished rows out of the batch so
-later decode steps stop computing them, and `merge` puts every row back, in the original order,
-for the next turn's cache reuse. Rows shorter than the merged length are padded with zeros; the
-engine's attention mask marks those positions as holes, as it already does for padding.
+by 64 positions, about once a turn) or when rows are selected. The cached keys and values are views
+of the buffers; decode attention reads the buffers whole (a contiguous tensor multiplies several
+times faster in bf16 than a strided view of one) and masks the spare positions. `split_off` moves
+finished rows out of the batch so later decode steps stop computing them, and `merge` puts every
+row back, in the original order, for the next turn's cache reuse. Rows shorter than the merged
+length are padded with zeros; the engine's attention mask marks those positions as holes, as it
+already does for padding.
 """
 
 from __future__ import annotations
@@ -19,10 +22,10 @@ from transformers.cache_utils import Cache, DynamicLayer
 _GROW_TOKENS = 64  # spare positions a fresh or copied buffer gets beyond what it holds
 
 
-def _buffer(like: torch.Tensor, rows: int, capacity: int, zeros: bool = False) -> torch.Tensor:
-    shape = (rows, like.shape[1], capacity, like.shape[3])
-    make = torch.zeros if zeros else torch.empty
-    return make(shape, dtype=like.dtype, device=like.device)
+def _buffer(like: torch.Tensor, rows: int, capacity: int) -> torch.Tensor:
+    """Zeros, not `empty`: decode attention reads the whole buffer (`attention.py`) and masks the
+    positions past the cached length, which must therefore hold finite values."""
+    return torch.zeros((rows, like.shape[1], capacity, like.shape[3]), dtype=like.dtype, device=like.device)
 
 
 class GrowingLayer(DynamicLayer):
@@ -49,7 +52,7 @@ class GrowingLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         start, end = self.length, self.length + key_states.shape[2]
         if end > self.key_buffer.shape[2]:
-            capacity = max(end + _GROW_TOKENS, self.key_buffer.shape[2] * 3 // 2)
+            capacity = end + _GROW_TOKENS  # decode attention reads the spare room too: keep it small
             keys = _buffer(self.key_buffer, self.key_buffer.shape[0], capacity)
             values = _buffer(self.value_buffer, self.value_buffer.shape[0], capacity)
             keys[:, :, :start] = self.keys
@@ -127,8 +130,8 @@ class GrowingCache(Cache):
         for index in range(len(parts[0][0].layers)):
             layers = [part.layers[index] for part, _ in parts]
             length = max(layer.length for layer in layers)
-            keys = _buffer(layers[0].key_buffer, total_rows, length + _GROW_TOKENS, zeros=True)
-            values = _buffer(layers[0].value_buffer, total_rows, length + _GROW_TOKENS, zeros=True)
+            keys = _buffer(layers[0].key_buffer, total_rows, length + _GROW_TOKENS)
+            values = _buffer(layers[0].value_buffer, total_rows, length + _GROW_TOKENS)
             for layer, (_, rows) in zip(layers, parts, strict=True):
                 at = torch.tensor(list(rows), dtype=torch.long, device=keys.device)
                 keys[at, :, : layer.length] = layer.keys
