@@ -250,7 +250,9 @@ def step_seconds(lag: int, args, scratch: Path) -> dict:
     manifest = yaml.safe_load((REPO / "examples" / "rljob-learning.yaml").read_text())
     spec = manifest["spec"]
     spec["agent"] = AGENT
-    spec["warmup"]["enabled"] = False
+    # A short warm-up, so the untrained model follows the protocol and its groups carry signal:
+    # steps of all-equal rewards train on nothing and would time only the rollouts.
+    spec["warmup"].update(enabled=args.step_warmup > 0, examples=max(args.step_warmup, 1), batchSize=4)
     spec["grpo"].update(questionsPerStep=args.questions, groupSize=args.group_size, totalSteps=args.steps,
                         maxPolicyLag=lag, microBatchSize=4)  # fmt: skip
     spec["rollout"]["batchSize"] = args.questions
@@ -269,10 +271,12 @@ def step_seconds(lag: int, args, scratch: Path) -> dict:
     rows = [json.loads(line) for line in (results / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rows = [r for r in rows if "step_seconds" in r]
     steady = rows[1:] or rows  # the first step also waits for the workers to load
+    trained = sum(bool(r.get("train_updated")) for r in steady)
     per_step = statistics.median(r["step_seconds"] for r in steady)
     return {"lag": lag, "steps": len(rows), "step_seconds": per_step, "wall_seconds": wall,
             "rollout_wait_s": statistics.median(r.get("wait_seconds", 0.0) for r in steady),
-            "train_s": statistics.median(r.get("train_seconds", 0.0) for r in steady)}  # fmt: skip
+            "train_s": statistics.median(r.get("train_seconds", 0.0) for r in steady),
+            "steps_that_trained": trained, "steady_steps": len(steady)}  # fmt: skip
 
 
 def plot(summary: dict, path: Path) -> None:
@@ -311,6 +315,8 @@ def main() -> None:
     parser.add_argument("--threads-list", default="1,2")
     parser.add_argument("--step", action="store_true", help="also time whole steps at lag 0 and 1 (rljob run)")
     parser.add_argument("--steps", type=int, default=4, help="GRPO steps per lag with --step")
+    parser.add_argument("--step-warmup", type=int, default=24, help="warm-up demonstrations before the --step runs")
+    parser.add_argument("--only-step", action="store_true", help="add --step figures to the existing --out JSON")
     parser.add_argument("--out", default=None, help="output path without suffix (default docs/results/step_speed)")
     parser.add_argument("--phase", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
@@ -323,6 +329,17 @@ def main() -> None:
         args.questions, args.group_size, args.base, args.threads_list = 2, 2, "", "2"
     threads_list = [int(t) for t in args.threads_list.split(",")]
     out = Path(args.out) if args.out else RESULTS / ("step_speed_quick" if args.quick else "step_speed")
+    if args.only_step:
+        summary = json.loads(out.with_suffix(".json").read_text())
+        with tempfile.TemporaryDirectory() as tmp:
+            for lag in (0, 1):
+                progress(f"rljob run --local, lag {lag}, {args.steps} steps")
+                summary[f"step_lag{lag}"] = step_seconds(lag, args, Path(tmp))
+                progress(f"  {summary[f'step_lag{lag}']}")
+        summary["step_seconds_lag0"] = summary["step_lag0"]["step_seconds"]
+        summary["step_seconds_lag1"] = summary["step_lag1"]["step_seconds"]
+        plot(summary, out.with_suffix(".png"))
+        return finish(out.name, summary, out.parent)
     summary: dict = {"questions": args.questions, "group_size": args.group_size, "threads": threads_list,
                      "base_revision": args.base, "head": {}, "base": {}}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:

@@ -9,7 +9,9 @@ runs, whose trainer evaluates at step 0 (after the warm-up) and at the last step
   python benchmarks/learning_run.py --steps 2 --lags 0   # a shorter run
   python benchmarks/learning_run.py --summarise-only     # rebuild JSON + PNG from finished runs
   python benchmarks/learning_run.py --quick              # smoke: 1 RL step, 4 questions, 8 demonstrations
-Writes docs/results/learning.json and learning.png (learning-quick.* with --quick).
+Interrupted runs resume (`rljob run --resume`) and finished ones are kept, so the command can be run
+again after a stop; `--fresh` starts over. Writes docs/results/learning.json and learning.png
+(learning-quick.* with --quick), with the paired comparison of warm-up alone and warm-up + RL.
 """
 
 from __future__ import annotations
@@ -92,6 +94,33 @@ def run_summary(folder: Path) -> dict:
     return out
 
 
+def headline(summary: dict, work: Path, lags: list[int], untrained: dict) -> dict:
+    """The keys a script checks: paired warm-up-alone vs warm-up+RL on the same dev questions
+    (McNemar's exact test on EM, a bootstrap interval on F1), per lag, and lag 1's steps per hour."""
+    from rljob.stats import compare_paired
+
+    out: dict = {"untrained_em": untrained.get("exact_match"), "rl_em": {}, "rl_em_gain": {}, "rl_em_p_value": {},
+                 "rl_f1_gain": {}, "rl_f1_gain_interval": {}, "rl_steps": {}}  # fmt: skip
+    for lag in lags:
+        before = json.loads((work / f"lag{lag}" / "eval_before.json").read_text())
+        after_path = work / f"lag{lag}" / "eval_after.json"
+        if "per_question" not in before or not after_path.exists():
+            continue
+        paired = compare_paired(before["per_question"], json.loads(after_path.read_text())["per_question"])
+        key = f"lag{lag}"
+        out["dev_questions"] = paired.questions
+        out["warmup_em"] = paired.em_before  # the warm-up is deterministic: the same for every lag
+        out["rl_em"][key], out["rl_em_gain"][key] = paired.em_after, paired.em_gain
+        out["rl_em_p_value"][key], out["rl_f1_gain"][key] = paired.em_p_value, paired.f1_gain
+        out["rl_f1_gain_interval"][key] = list(paired.f1_gain_interval)
+        out["rl_steps"][key] = summary["runs"][key]["rl_steps"]
+        progress(f"lag {lag}: {paired.line()}")
+    runs = summary["runs"]
+    if runs.get("lag0", {}).get("steps_per_hour") and runs.get("lag1", {}).get("steps_per_hour"):
+        out["lag1_steps_per_hour_ratio"] = runs["lag1"]["steps_per_hour"] / runs["lag0"]["steps_per_hour"]
+    return out
+
+
 def plot(summary: dict, path: Path) -> None:
     import matplotlib
 
@@ -141,6 +170,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="override grpo.totalSteps")
     parser.add_argument("--questions", type=int, help="override eval.questions (dev questions scored)")
     parser.add_argument("--rerun-baseline", action="store_true", help="score the untrained model again")
+    parser.add_argument("--fresh", action="store_true", help="start runs over instead of resuming or keeping them")
     args = parser.parse_args()
     name = "learning-quick" if args.quick else "learning"
     work = args.work / ("quick" if args.quick else "full")
@@ -152,11 +182,22 @@ def main() -> None:
     if not args.summarise_only:
         for lag in args.lags:
             folder = work / f"lag{lag}"
-            shutil.rmtree(folder, ignore_errors=True)  # a fresh run each time (rljob run refuses to reuse one)
             src = work / f"lag{lag}.yaml"
-            src.write_text(yaml.safe_dump(variant(manifest, lag, args), sort_keys=False))
-            progress(f"warm-up + GRPO, maxPolicyLag {lag}: rljob run {src} --local --results {folder}")
-            secs = wait(start("run", str(src), "--local", "--results", str(folder), log=work / f"lag{lag}.log"))
+            job = variant(manifest, lag, args)
+            if (folder / "eval_after.json").exists() and not args.fresh:
+                progress(f"maxPolicyLag {lag}: finished in {folder}, kept (--fresh runs it again)")
+                continue
+            resume = (folder / "metrics.jsonl").exists() and src.exists() and not args.fresh
+            if resume and yaml.safe_load(src.read_text()) != job:
+                raise SystemExit(f"{folder} holds a run of another manifest: pass --fresh to start over")
+            if not resume:
+                shutil.rmtree(folder, ignore_errors=True)
+                src.write_text(yaml.safe_dump(job, sort_keys=False))
+            extra = ["--resume"] if resume else []
+            progress(
+                f"warm-up + GRPO, maxPolicyLag {lag}: rljob run {src} --local --results {folder} {' '.join(extra)}"
+            )
+            secs = wait(start("run", str(src), "--local", "--results", str(folder), *extra, log=work / f"lag{lag}.log"))
             progress(f"  done in {secs:.0f}s")
         if baseline.exists() and not args.rerun_baseline:
             progress(f"untrained baseline: reusing {baseline}")
@@ -174,6 +215,7 @@ def main() -> None:
         "baseline": pick(json.loads(baseline.read_text())),
         "runs": {f"lag{lag}": run_summary(work / f"lag{lag}") for lag in done},
     }
+    summary.update(headline(summary, work, done, json.loads(baseline.read_text())))
     plot(summary, RESULTS / f"{name}.png")
     finish(name, summary)
 
