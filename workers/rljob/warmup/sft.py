@@ -121,8 +121,9 @@ def job_demonstrations(
         records: list[Any] = load_hub_records(name, split, limit=data.max_train_questions)
     else:
         records = list(load_records(data.train_path, data.max_train_questions))
-    pools = job_pools(job.spec, [parse_question(r).id for r in records], eval_ids)
-    records = [records[i] for i in pools.warmup]
+    if records:  # none: nothing to split, and the warm-up reports that it found no demonstration
+        pools = job_pools(job.spec, [parse_question(r).id for r in records], eval_ids)
+        records = [records[i] for i in pools.warmup]
     random.Random(warm.seed).shuffle(records)
     return build_demonstrations(
         records, tokenizer, retriever, job.spec.agent, limit=warm.examples, max_searches=warm.max_searches
