@@ -41,13 +41,18 @@ def _job(model_dir: str) -> RLJob:
 
 
 def _enqueue(client, keys: JobKeys, questions, group_size: int, eval_count: int) -> list[str]:
+    """All prompts in one MULTI/EXEC: a worker blocked in its read wakes once, seeing them all (with
+    one XADD at a time it could wake after the first, and tests counting what one read got raced)."""
     ids = []
-    for i, q in enumerate(questions):
-        is_eval = i < eval_count
-        req = PromptRequest(request_id=f"{'e' if is_eval else 's'}{i}", step=0, question_id=q.id,
-                            question=q.question, answers=q.answers, group_size=group_size, greedy=is_eval)  # fmt: skip
-        client.xadd(keys.eval_prompts if is_eval else keys.prompts, {"data": req.model_dump_json()})
-        ids.append(req.request_id)
+    with client.pipeline(transaction=True) as pipe:
+        for i, q in enumerate(questions):
+            is_eval = i < eval_count
+            req = PromptRequest(request_id=f"{'e' if is_eval else 's'}{i}", step=0, question_id=q.id,
+                                question=q.question, answers=q.answers, group_size=group_size,
+                                greedy=is_eval)  # fmt: skip
+            pipe.xadd(keys.eval_prompts if is_eval else keys.prompts, {"data": req.model_dump_json()})
+            ids.append(req.request_id)
+        pipe.execute()
     return ids
 
 
