@@ -122,7 +122,7 @@ def evaluate_cli(args: argparse.Namespace) -> int:
     job = resolve_bundled(load_rljob(args.file))
     from_file = load_questions(args.questions, limit=args.limit) if args.questions else []
     retriever, train, eval_questions = build_retriever_for_spec(job.spec.data, extra_eval=from_file)
-    if getattr(args, "split", "eval") == "validation":
+    if args.split == "validation":
         questions = validation_questions(job, train, eval_questions)[: args.limit or None]
     else:
         questions = from_file if args.questions else eval_questions

@@ -39,6 +39,13 @@ class GrowingLayer(DynamicLayer):
         self.is_initialized = True
         self._views()
 
+    @classmethod
+    def from_buffers(cls, keys: torch.Tensor, values: torch.Tensor, length: int) -> GrowingLayer:
+        layer = cls()
+        layer.device, layer.is_initialized = keys.device, True
+        layer._set(keys, values, length)
+        return layer
+
     def _views(self) -> None:
         self.keys = self.key_buffer[:, :, : self.length]
         self.values = self.value_buffer[:, :, : self.length]
@@ -109,14 +116,12 @@ class GrowingCache(Cache):
 
     def split_off(self, rows: Sequence[int]) -> GrowingCache:
         """Move `rows` into a new cache (in that order); this one keeps the others, in order."""
+        moving = set(rows)
         moved = torch.tensor(list(rows), dtype=torch.long)
-        keep = torch.tensor([r for r in range(self.rows) if r not in set(rows)], dtype=torch.long)
+        keep = torch.tensor([r for r in range(self.rows) if r not in moving], dtype=torch.long)
         part = GrowingCache()
         for layer in self.layers:
-            new = GrowingLayer()
-            new.device, new.is_initialized = layer.device, True
-            new._set(*layer.select_rows(moved.to(layer.device)), layer.length)
-            part.layers.append(new)
+            part.layers.append(GrowingLayer.from_buffers(*layer.select_rows(moved.to(layer.device)), layer.length))
             layer.batch_select_indices(keep)
         return part
 
@@ -136,8 +141,5 @@ class GrowingCache(Cache):
                 at = torch.tensor(list(rows), dtype=torch.long, device=keys.device)
                 keys[at, :, : layer.length] = layer.keys
                 values[at, :, : layer.length] = layer.values
-            new = GrowingLayer()
-            new.device, new.is_initialized = layers[0].device, True
-            new._set(keys, values, length)
-            merged.layers.append(new)
+            merged.layers.append(GrowingLayer.from_buffers(keys, values, length))
         return merged

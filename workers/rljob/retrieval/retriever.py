@@ -46,5 +46,10 @@ def build_retriever_for_spec(
     find their evidence; under ``train`` they stay out, as the eval set's do.
     """
     train, evaluation = load_questions_for_spec(spec)
-    corpus_questions = [*train, *evaluation, *extra_eval] if spec.corpus_from == "train+eval" else train
-    return Retriever.from_questions(corpus_questions), train, evaluation
+    return retriever_for(spec, train, [*evaluation, *extra_eval]), train, evaluation
+
+
+def retriever_for(spec: DataSpec, train: Sequence[Question], evaluation: Sequence[Question]) -> Retriever:
+    """The retriever over questions already loaded: train's paragraphs, and the evaluation's under
+    ``corpusFrom: train+eval``."""
+    return Retriever.from_questions([*train, *evaluation] if spec.corpus_from == "train+eval" else list(train))

@@ -46,6 +46,17 @@ def is_stale(trajectory: Trajectory, current_version: int, max_policy_lag: int) 
     return trajectory.policy_version < current_version - max_policy_lag
 
 
+def fresh_trajectories(group: TrajectoryGroup, current_version: int, max_policy_lag: int) -> list[Trajectory]:
+    return [t for t in group.trajectories if not is_stale(t, current_version, max_policy_lag)]
+
+
+def informative_groups(groups: Sequence[TrajectoryGroup], current_version: int, max_policy_lag: int) -> int:
+    """Groups that will carry a gradient, as `trainable_samples` decides: fresh rewards not all equal."""
+    return sum(
+        not is_degenerate([t.reward for t in fresh_trajectories(g, current_version, max_policy_lag)]) for g in groups
+    )
+
+
 def trainable_samples(
     groups: Sequence[TrajectoryGroup],
     *,
@@ -61,7 +72,7 @@ def trainable_samples(
     samples: list[Sample] = []
     dropped = degenerate = empty = 0
     for group in groups:
-        fresh = [t for t in group.trajectories if not is_stale(t, current_version, max_policy_lag)]
+        fresh = fresh_trajectories(group, current_version, max_policy_lag)
         dropped += len(group.trajectories) - len(fresh)
         rewards = [t.reward for t in fresh]
         if is_degenerate(rewards):

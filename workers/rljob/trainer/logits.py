@@ -21,6 +21,8 @@ import torch
 from rljob.trainer.batch import MicroBatch
 from rljob.trainer.loss import token_entropy, token_logprobs
 
+# Model types whose forward computes logits as `lm_head(last hidden state)` and nothing more
+# (checked in transformers' modeling code); SmolLM2 is "llama".
 PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "gpt2"})
 
 

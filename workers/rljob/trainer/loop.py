@@ -21,9 +21,8 @@ import torch
 
 from rljob.config import RLJob
 from rljob.keys import JobKeys
-from rljob.protocol import EVAL_ID_PREFIX, PromptRequest, TrainerMetrics, TrajectoryGroup
-from rljob.trainer.advantages import is_degenerate
-from rljob.trainer.batch import is_stale
+from rljob.protocol import EVAL_ID_PREFIX, PromptRequest, TrainerMetrics
+from rljob.trainer.batch import informative_groups
 from rljob.trainer.checkpoint import (
     REFERENCE_FILE,
     CheckpointRef,
@@ -94,26 +93,23 @@ def refill_requests(
     first = (step * max(grpo.max_refill_rounds, 1) + round_) * grpo.questions_per_step
     idx = question_slots(first, min(count, grpo.questions_per_step), len(questions), job.spec.data.seed + REFILL_SEED)
     return [
-        PromptRequest(
-            request_id=f"s{step}-x{round_}-q{slot}-r{run_tag}-{questions[i].id}",
-            step=step,
-            question_id=questions[i].id,
-            question=questions[i].question,
-            answers=list(questions[i].answers),
-            group_size=grpo.group_size,
-            min_policy_version=min_policy_version,
+        _training_prompt(
+            f"s{step}-x{round_}-q{slot}-r{run_tag}-{questions[i].id}", step, questions[i], job, min_policy_version
         )
         for slot, i in enumerate(idx)
     ]
 
 
-def informative_groups(groups: Sequence[TrajectoryGroup], current_version: int, max_policy_lag: int) -> int:
-    """Groups that will carry a gradient: fresh samples whose rewards are not all equal."""
-    count = 0
-    for group in groups:
-        rewards = [t.reward for t in group.trajectories if not is_stale(t, current_version, max_policy_lag)]
-        count += not is_degenerate(rewards)
-    return count
+def _training_prompt(request_id: str, step: int, question: Any, job: RLJob, min_policy_version: int) -> PromptRequest:
+    return PromptRequest(
+        request_id=request_id,
+        step=step,
+        question_id=question.id,
+        question=question.question,
+        answers=list(question.answers),
+        group_size=job.spec.grpo.group_size,
+        min_policy_version=min_policy_version,
+    )
 
 
 def step_requests(
@@ -125,15 +121,7 @@ def step_requests(
     grpo = job.spec.grpo
     idx = question_indices(step, grpo.questions_per_step, len(questions), job.spec.data.seed)
     return [
-        PromptRequest(
-            request_id=f"s{step}-q{slot}-r{run_tag}-{questions[i].id}",
-            step=step,
-            question_id=questions[i].id,
-            question=questions[i].question,
-            answers=list(questions[i].answers),
-            group_size=grpo.group_size,
-            min_policy_version=min_policy_version,
-        )
+        _training_prompt(f"s{step}-q{slot}-r{run_tag}-{questions[i].id}", step, questions[i], job, min_policy_version)
         for slot, i in enumerate(idx)
     ]
 
@@ -180,12 +168,11 @@ def load_questions(job: RLJob) -> tuple[list[Any], list[Any]]:
 def answerable_questions(job: RLJob, questions: Sequence[Any], train: Sequence[Any], evaluation: Sequence[Any]) -> list:
     """The questions whose gold answer is in what the job's retriever returns for the question itself
     (about a second for 2,000 questions on CPU)."""
-    from rljob.retrieval.retriever import Retriever
+    from rljob.retrieval.retriever import retriever_for
     from rljob.warmup.demonstrations import answer_found
 
     agent = job.spec.agent
-    corpus = [*train, *evaluation] if job.spec.data.corpus_from == "train+eval" else list(train)
-    hits = Retriever.from_questions(corpus).search_batch([q.question for q in questions], agent.top_k)
+    hits = retriever_for(job.spec.data, train, evaluation).search_batch([q.question for q in questions], agent.top_k)
     return [
         q for q, passages in zip(questions, hits, strict=True)
         if any(answer_found(a, passages, agent.passage_max_words) for a in q.answers)

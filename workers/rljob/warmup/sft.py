@@ -51,8 +51,6 @@ def as_sample(demo: Demonstration) -> Sample:
     return Sample(demo.token_ids, demo.loss_mask, [0.0] * len(demo.token_ids), 1.0, 0)
 
 
-# Model types whose forward computes logits as `lm_head(last hidden state)` and nothing more
-# (checked in transformers' modeling code); SmolLM2 is "llama".
 def masked_nll(
     model: torch.nn.Module, mb: MicroBatch, autocast_dtype: torch.dtype | None = None
 ) -> tuple[torch.Tensor, int]:
