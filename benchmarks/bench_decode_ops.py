@@ -1,0 +1,56 @@
+"""Two decode-step operations the transformers engine changed, each timed against what it replaced.
+
+- attention scores in bf16 over the KV cache: a matmul on a strided view of a buffer with spare
+  room (what `GrowingLayer.keys` is) against the whole contiguous buffer (what decode attention
+  reads since `attention.whole_buffers`); 62 rows x 3 KV heads x 3 query heads, 500 of 564 positions;
+- one token per row from 64 x 49,152 log-probs: `torch.multinomial` against `hf.draw_from`.
+One thread. Prints ratios side by side and the JSON summary as its last line:
+  python benchmarks/bench_decode_ops.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from _common import finish, progress
+
+from rljob.engines.hf import draw_from
+
+
+def _ms(fn, reps: int) -> float:
+    fn()
+    started = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - started) / reps * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    reps = 5 if args.quick else 30
+    rows, heads, groups, length, dim, capacity = 62, 3, 3, 500, 64, 564
+    gen = torch.Generator().manual_seed(0)
+    buffer = torch.randn(rows, heads, capacity, dim, generator=gen).to(torch.bfloat16)
+    query = torch.randn(rows, heads, groups, dim, generator=gen).to(torch.bfloat16)
+    view = buffer[:, :, :length]
+    strided = _ms(lambda: torch.matmul(query, view.transpose(-1, -2)), reps)
+    whole = _ms(lambda: torch.matmul(query, buffer.transpose(-1, -2)), reps)
+    progress(f"bf16 scores: strided view {strided:.2f} ms, whole buffer {whole:.2f} ms: x{strided / whole:.2f}")
+    logp = torch.log_softmax(torch.randn(64, 49_152, generator=gen), dim=-1)
+    multinomial = _ms(lambda: torch.multinomial(logp.exp(), 1, generator=gen), reps)
+    cdf = _ms(lambda: draw_from(logp, gen), reps)
+    progress(f"sampling 64 x 49,152: torch.multinomial {multinomial:.2f} ms, CDF inversion {cdf:.2f} ms: "
+             f"x{multinomial / cdf:.2f}")  # fmt: skip
+    finish("decode_ops_quick" if args.quick else "decode_ops", {
+        "scores_strided_ms": strided, "scores_whole_buffer_ms": whole, "scores_speedup": strided / whole,
+        "multinomial_ms": multinomial, "cdf_inversion_ms": cdf, "sampling_speedup": multinomial / cdf,
+    })  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
