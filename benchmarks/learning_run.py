@@ -1,17 +1,17 @@
-"""The learning result (issue 7): untrained baseline, warm-up alone, warm-up + GRPO at max policy
-lag 0 and 1, all scored greedily on the same first dev.jsonl questions (never trained on).
+"""The learning result (issue 22): untrained, warm-up alone, warm-up + GRPO at max policy lag 0 and 1,
+all scored greedily on the same dev.jsonl questions (never trained on), paired.
 
 Every number comes from the project's own entry points: `rljob eval` for the untrained model and
 `rljob run FILE --local` (embedded Redis, a rollout worker process, the trainer process) for the
-runs, whose trainer evaluates at step 0 (after the warm-up) and at the last step.
-  python benchmarks/learning_run.py                      # everything: 73 min on 2 idle CPU cores, plus ~4 min
-                                                         # for the untrained baseline unless reused
-  python benchmarks/learning_run.py --steps 2 --lags 0   # a shorter run
+runs, whose trainer evaluates at step 0 (after the warm-up), every eval.interval steps and at the end.
+  python benchmarks/learning_run.py                      # everything on dev (about 2 h on 2 idle CPU cores)
+  python benchmarks/learning_run.py --split validation --lags 1 --set grpo.learningRate=3e-5 --name lr3e-5
+                                                         # choosing settings: scored on the validation slice
   python benchmarks/learning_run.py --summarise-only     # rebuild JSON + PNG from finished runs
   python benchmarks/learning_run.py --quick              # smoke: 1 RL step, 4 questions, 8 demonstrations
 Interrupted runs resume (`rljob run --resume`) and finished ones are kept, so the command can be run
 again after a stop; `--fresh` starts over. Writes docs/results/learning.json and learning.png
-(learning-quick.* with --quick), with the paired comparison of warm-up alone and warm-up + RL.
+(learning_validation_NAME.* with --split validation, learning-quick.* with --quick).
 """
 
 from __future__ import annotations
@@ -38,6 +38,15 @@ def variant(manifest: dict, lag: int, args: argparse.Namespace) -> dict:
     spec = job["spec"]
     spec["grpo"]["maxPolicyLag"] = lag
     job["metadata"]["name"] = f"learning-lag{lag}"
+    for assignment in args.set:
+        dotted, _, value = assignment.partition("=")
+        *path, leaf = dotted.split(".")
+        node = spec
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    if args.split == "validation":
+        spec["eval"]["split"], spec["eval"]["questions"] = "validation", spec["data"]["validationQuestions"]
     if args.quick:
         spec["grpo"]["totalSteps"], spec["eval"]["questions"], spec["warmup"]["examples"] = 1, 4, 8
     if args.steps:
@@ -67,11 +76,16 @@ def pick(result: dict) -> dict:
 
 
 def run_summary(folder: Path) -> dict:
-    """What one `rljob run` folder shows: evals, warm-up, steps, timing."""
+    """What one `rljob run` folder shows: evals (with the RL seconds spent when each was taken),
+    warm-up, steps, timing, informative groups."""
     rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
     steps = [r for r in rows if r.get("step_seconds")]
     job = yaml.safe_load((folder / "job.yaml").read_text())
     rl_seconds = sum(r["step_seconds"] for r in steps)
+    elapsed, total = {0: 0.0}, 0.0
+    for r in steps:
+        total += r["step_seconds"]
+        elapsed[r["step"]] = total
     out = {
         "max_policy_lag": job["spec"]["grpo"]["maxPolicyLag"],
         "rl_steps": len(steps),
@@ -80,10 +94,21 @@ def run_summary(folder: Path) -> dict:
         "mean_wait_seconds": round(sum(r.get("wait_seconds", 0.0) for r in steps) / max(len(steps), 1), 1),
         "mean_train_seconds": round(sum(r.get("train_seconds", 0.0) for r in steps) / max(len(steps), 1), 1),
         "dropped_stale_total": sum(r.get("dropped_stale", 0) for r in steps),
+        "groups_generated_total": sum(r.get("groups_generated", 0) for r in steps),
+        "groups_informative_total": sum(r.get("groups_informative", 0) for r in steps),
         "train_reward": [round(r.get("mean_reward", 0.0), 4) for r in steps],
         "train_f1": [round(r.get("f1", 0.0), 4) for r in steps],
         "train_format_rate": [round(r.get("format_rate", 0.0), 4) for r in steps],
+        "informative_group_rate": [round(r.get("informative_group_rate", 0.0), 3) for r in steps],
+        "step_seconds": [round(r["step_seconds"], 1) for r in steps],
+        "evals": [],
     }
+    for path in [folder / "eval_before.json", *sorted(folder.glob("eval_step*.json"), key=_step_of)]:
+        if path.exists():
+            step = 0 if path.name == "eval_before.json" else _step_of(path)
+            seconds = elapsed.get(step)
+            out["evals"].append({"step": step, "rl_seconds": None if seconds is None else round(seconds, 1),
+                                 **pick(json.loads(path.read_text()))})  # fmt: skip
     for name in ("warmup", "eval_before", "eval_after"):
         path = folder / f"{name}.json"
         if path.exists():
@@ -94,31 +119,69 @@ def run_summary(folder: Path) -> dict:
     return out
 
 
+def _step_of(path: Path) -> int:
+    return int(path.stem.removeprefix("eval_step"))
+
+
+def _per_question(folder: Path, name: str) -> list | None:
+    path = folder / f"{name}.json"
+    return json.loads(path.read_text()).get("per_question") if path.exists() else None
+
+
 def headline(summary: dict, work: Path, lags: list[int], untrained: dict) -> dict:
-    """The keys a script checks: paired warm-up-alone vs warm-up+RL on the same dev questions
-    (McNemar's exact test on EM, a bootstrap interval on F1), per lag, and lag 1's steps per hour."""
+    """The keys a script checks: paired warm-up-alone vs warm-up+RL on the same questions
+    (McNemar's exact test on EM, a bootstrap interval on F1), per lag; lag 1's steps per hour over
+    lag 0's; lag 1 vs lag 0 paired at equal steps, and at the evaluation nearest equal RL time."""
     from rljob.stats import compare_paired
 
-    out: dict = {"untrained_em": untrained.get("exact_match"), "rl_em": {}, "rl_em_gain": {}, "rl_em_p_value": {},
-                 "rl_f1_gain": {}, "rl_f1_gain_interval": {}, "rl_steps": {}}  # fmt: skip
+    out: dict = {"untrained_em": untrained.get("exact_match"), "untrained_f1": untrained.get("f1"), "rl_em": {},
+                 "rl_f1": {}, "rl_em_gain": {}, "rl_em_p_value": {}, "rl_em_gained_lost": {}, "rl_f1_gain": {},
+                 "rl_f1_gain_interval": {}, "rl_steps": {}}  # fmt: skip
     for lag in lags:
-        before = json.loads((work / f"lag{lag}" / "eval_before.json").read_text())
-        after_path = work / f"lag{lag}" / "eval_after.json"
-        if "per_question" not in before or not after_path.exists():
+        before, after = (
+            _per_question(work / f"lag{lag}", "eval_before"),
+            _per_question(work / f"lag{lag}", "eval_after"),
+        )
+        if not before or not after:
             continue
-        paired = compare_paired(before["per_question"], json.loads(after_path.read_text())["per_question"])
+        paired = compare_paired(before, after)
         key = f"lag{lag}"
         out["dev_questions"] = paired.questions
-        out["warmup_em"] = paired.em_before  # the warm-up is deterministic: the same for every lag
-        out["rl_em"][key], out["rl_em_gain"][key] = paired.em_after, paired.em_gain
+        out["warmup_em"], out["warmup_f1"] = paired.em_before, paired.f1_before  # deterministic: the same per lag
+        out["rl_em"][key], out["rl_f1"][key], out["rl_em_gain"][key] = paired.em_after, paired.f1_after, paired.em_gain
         out["rl_em_p_value"][key], out["rl_f1_gain"][key] = paired.em_p_value, paired.f1_gain
+        out["rl_em_gained_lost"][key] = [paired.em_gained, paired.em_lost]
         out["rl_f1_gain_interval"][key] = list(paired.f1_gain_interval)
         out["rl_steps"][key] = summary["runs"][key]["rl_steps"]
         progress(f"lag {lag}: {paired.line()}")
     runs = summary["runs"]
     if runs.get("lag0", {}).get("steps_per_hour") and runs.get("lag1", {}).get("steps_per_hour"):
-        out["lag1_steps_per_hour_ratio"] = runs["lag1"]["steps_per_hour"] / runs["lag0"]["steps_per_hour"]
+        out["lag1_steps_per_hour_ratio"] = round(runs["lag1"]["steps_per_hour"] / runs["lag0"]["steps_per_hour"], 3)
+        lag0, lag1 = _per_question(work / "lag0", "eval_after"), _per_question(work / "lag1", "eval_after")
+        if lag0 and lag1 and runs["lag0"]["rl_steps"] == runs["lag1"]["rl_steps"]:
+            same = compare_paired(lag0, lag1)  # "before" = lag 0, "after" = lag 1
+            out["lag1_vs_lag0_equal_steps"] = _paired_dict(same)
+            progress(f"lag 1 vs lag 0 at {runs['lag1']['rl_steps']} steps: {same.line()}")
+        end = runs["lag1"]["rl_seconds"]
+        timed = [e for e in runs["lag0"]["evals"] if e["rl_seconds"] is not None]
+        if timed:
+            nearest = min(timed, key=lambda e: abs(e["rl_seconds"] - end))
+            name = "eval_before" if nearest["step"] == 0 else f"eval_step{nearest['step']}"
+            lag0_then = _per_question(work / "lag0", name)
+            if lag0_then and lag1:
+                then = compare_paired(lag0_then, lag1)
+                out["lag1_vs_lag0_equal_time"] = {
+                    "lag1_step": runs["lag1"]["rl_steps"], "lag1_rl_seconds": end,
+                    "lag0_step": nearest["step"], "lag0_rl_seconds": nearest["rl_seconds"], **_paired_dict(then),
+                }  # fmt: skip
+                progress(f"lag 1 after {end:.0f} s vs lag 0 after {nearest['rl_seconds']:.0f} s: {then.line()}")
     return out
+
+
+def _paired_dict(paired) -> dict:
+    return {"em_lag0": paired.em_before, "em_lag1": paired.em_after, "em_difference": paired.em_gain,
+            "em_p_value": paired.em_p_value, "f1_difference": paired.f1_gain,
+            "f1_difference_interval": list(paired.f1_gain_interval), "questions": paired.questions}  # fmt: skip
 
 
 def plot(summary: dict, path: Path) -> None:
@@ -128,7 +191,8 @@ def plot(summary: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     runs = summary["runs"]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    (bars, reward, informative), (em_steps, em_time, step_time) = axes
     labels = ["untrained"]
     values = {k: [summary["baseline"].get(k, 0.0)] for k in ("exact_match", "f1", "format_rate")}
     first = next(iter(runs.values()), {})
@@ -143,19 +207,31 @@ def plot(summary: dict, path: Path) -> None:
                 values[k].append(run["eval_after"].get(k, 0.0))
     width = 0.27
     for i, (k, vals) in enumerate(values.items()):
-        axes[0].bar([x + (i - 1) * width for x in range(len(labels))], vals, width, label=k)
-    axes[0].set_xticks(range(len(labels)), labels, fontsize=8)
-    axes[0].set_title(f"dev.jsonl, greedy, n={summary['baseline'].get('questions')}")
-    axes[0].legend(fontsize=8)
+        bars.bar([x + (i - 1) * width for x in range(len(labels))], vals, width, label=k)
+    bars.set_xticks(range(len(labels)), labels, fontsize=8)
+    bars.set_title(f"{summary['scored']}, greedy, n={summary['baseline'].get('questions')}")
+    bars.legend(fontsize=8)
     for name, run in runs.items():
-        axes[1].plot(range(1, len(run["train_reward"]) + 1), run["train_reward"], "o-", label=f"{name} reward")
-    axes[1].set_xlabel("RL step")
-    axes[1].set_title("training reward (F1 + format bonus)")
-    axes[1].legend(fontsize=8)
-    if "warmup_losses" in first:
-        axes[2].plot(range(1, len(first["warmup_losses"]) + 1), first["warmup_losses"])
-        axes[2].set_xlabel("warm-up step")
-        axes[2].set_title("warm-up loss (written tokens only)")
+        x = range(1, len(run["train_reward"]) + 1)
+        reward.plot(x, run["train_reward"], "o-", ms=3, label=f"{name}")
+        informative.plot(x, run["informative_group_rate"], "o-", ms=3, label=name)
+        step_time.plot(x, run["step_seconds"], "o-", ms=3, label=name)
+        evals = run["evals"]
+        for metric, style in (("exact_match", "o-"), ("f1", "s--")):
+            em_steps.plot([e["step"] for e in evals], [e[metric] for e in evals], style, label=f"{name} {metric}")
+            timed = [e for e in evals if e["rl_seconds"] is not None]
+            em_time.plot([e["rl_seconds"] / 60 for e in timed], [e[metric] for e in timed], style,
+                         label=f"{name} {metric}")  # fmt: skip
+    for ax, title, xlabel in (
+        (reward, "training reward (F1 + format bonus), mean of the step's samples", "RL step"),
+        (informative, "informative groups / groups generated", "RL step"),
+        (em_steps, f"{summary['scored']} EM and F1 by step", "RL step"),
+        (em_time, f"{summary['scored']} EM and F1 by RL wall time", "minutes of RL (evaluations excluded)"),
+        (step_time, "step time (s)", "RL step"),
+    ):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel(xlabel)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -169,16 +245,27 @@ def main() -> None:
     parser.add_argument("--lags", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--steps", type=int, help="override grpo.totalSteps")
     parser.add_argument("--questions", type=int, help="override eval.questions (dev questions scored)")
+    parser.add_argument("--split", choices=["eval", "validation"], default="eval",
+                        help="score dev.jsonl (eval), or the validation slice while choosing settings")  # fmt: skip
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a spec field, e.g. grpo.learningRate=3e-5 (YAML value)")  # fmt: skip
+    parser.add_argument("--name", default="base", help="label of a --split validation variant")
     parser.add_argument("--rerun-baseline", action="store_true", help="score the untrained model again")
     parser.add_argument("--fresh", action="store_true", help="start runs over instead of resuming or keeping them")
     args = parser.parse_args()
-    name = "learning-quick" if args.quick else "learning"
-    work = args.work / ("quick" if args.quick else "full")
+    if args.quick:
+        name, folder = "learning-quick", "quick"
+    elif args.split == "validation":
+        name, folder = f"learning_validation_{args.name}", f"validation-{args.name}"
+    else:
+        name, folder = "learning", "full"
+    work = args.work / folder
     work.mkdir(parents=True, exist_ok=True)
     manifest = yaml.safe_load(MANIFEST.read_text())
     questions = variant(manifest, 0, args)["spec"]["eval"]["questions"]
     os.environ.setdefault("OMP_NUM_THREADS", "2")
-    baseline = work / "baseline.json"
+    # The untrained model's score depends on the questions and the agent settings only.
+    baseline = args.work / ("baseline-quick.json" if args.quick else f"baseline-{args.split}.json")
     if not args.summarise_only:
         for lag in args.lags:
             folder = work / f"lag{lag}"
@@ -205,13 +292,15 @@ def main() -> None:
             # After the runs, not beside them: the runs' steps per hour are measured on a machine they have alone.
             base_src = work / "baseline.yaml"
             base_src.write_text(yaml.safe_dump(variant(manifest, 0, args), sort_keys=False))
-            progress(f"untrained baseline on the first {questions} dev questions: rljob eval {base_src}")
-            base = start("eval", str(base_src), "--limit", str(questions), "--output", str(baseline),
-                         log=work / "baseline.log")  # fmt: skip
+            which = ["--split", "validation"] if args.split == "validation" else ["--limit", str(questions)]
+            progress(f"untrained baseline on {questions} questions ({args.split}): rljob eval {base_src}")
+            base = start("eval", str(base_src), *which, "--output", str(baseline), log=work / "baseline.log")
             progress(f"baseline done in {wait(base):.0f}s")
     done = [lag for lag in args.lags if (work / f"lag{lag}" / "metrics.jsonl").exists()]
     summary = {
         "manifest": str(MANIFEST.relative_to(MANIFEST.parents[1])),
+        "overrides": args.set,
+        "scored": "validation slice" if args.split == "validation" else "dev.jsonl",
         "baseline": pick(json.loads(baseline.read_text())),
         "runs": {f"lag{lag}": run_summary(work / f"lag{lag}") for lag in done},
     }

@@ -319,6 +319,7 @@ INVALID = [
         {"model": {"name": "m", "ggufFile": "m.gguf"}, "rollout": {"engine": "vllm", "resources": {"gpus": 1}}},
         "cannot serve model.ggufFile",
     ),
+    ({"eval": {"split": "validation"}}, "eval.split validation scores the validation slice"),
 ]
 
 

@@ -71,7 +71,8 @@ def test_local_run_completes_with_results_and_no_stray_processes(tmp_path, tiny_
     assert before["step"] == 0 and after["step"] == 2
     for png in ("reward.png", "eval.png", "step_time.png", "weight_bytes.png"):
         assert (results / png).stat().st_size > 1000
-    assert "eval before: EM" in out and "eval after: EM" in out
+    assert json.loads((results / "eval_step2.json").read_text()) == after  # every evaluation keeps its file
+    assert "before RL: EM" in out and "after 2 RL steps: EM" in out and "RL's change, paired" in out
     assert leftover_processes(str(results)) == []
 
 

@@ -46,6 +46,7 @@ def test_search_r1_example_gpu_budget() -> None:
             {"model": {"name": "m", "ggufFile": "m.gguf"}, "rollout": {"engine": "vllm", "resources": {"gpus": 1}}},
             "cannot serve model.ggufFile",
         ),
+        ({"eval": {"split": "validation"}}, "set data.validationQuestions"),
     ],
 )
 def test_bad_specs_are_refused(spec: dict, needle: str) -> None:

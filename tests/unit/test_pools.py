@@ -33,7 +33,7 @@ def _job(**spec) -> RLJob:
         "grpo": {"questionsPerStep": 8, "groupSize": 2},
     }  # fmt: skip
     for key, value in spec.items():
-        base[key] = {**base[key], **value}
+        base[key] = {**base.get(key, {}), **value}
     return RLJob.model_validate({"metadata": {"name": "pools", "namespace": "t"}, "spec": base})
 
 
@@ -71,3 +71,17 @@ def test_training_questions_also_in_the_eval_file_are_in_no_pool(tmp_path) -> No
                warmup={"enabled": False})  # fmt: skip
     with pytest.raises(ValueError, match="leaving none for RL"):
         load_questions(job)
+
+
+def test_evaluations_can_score_the_validation_slice_instead_of_the_eval_set() -> None:
+    from rljob.data import load_questions_for_spec
+
+    job = _job(eval={"split": "validation", "questions": 50})
+    train, evaluation = load_questions_for_spec(job.spec.data)
+    pools = job_pools(job.spec, [q.id for q in train], [q.id for q in evaluation])
+    rl_questions, scored = load_questions(job)
+    assert [q.id for q in scored] == [train[i].id for i in pools.validation]
+    assert not {q.id for q in scored} & ({q.id for q in rl_questions} | {q.id for q in evaluation})
+    assert [q.id for q in load_questions(_job())[1]] == [q.id for q in evaluation]
+    with pytest.raises(ValueError, match="set data.validationQuestions"):
+        _job(data={"validationQuestions": 0}, eval={"split": "validation"})

@@ -121,19 +121,41 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         plot_run(results)
         summary = summarise(results)
-        for label in ("eval_before", "eval_after"):
-            if label in summary:
-                ev = summary[label]
-                print(f"[rljob] {label.replace('_', ' ')}: EM {ev['exact_match']:.3f}  F1 {ev['f1']:.3f}  "
-                      f"format {ev['format_rate']:.2f}  searches/q {ev['searches_per_question']:.2f}  "
-                      f"(n={ev['questions']})")  # fmt: skip
-        if all("per_question" in summary.get(label, {}) for label in ("eval_before", "eval_after")):
-            from rljob.stats import compare_paired
-
-            paired = compare_paired(summary["eval_before"]["per_question"], summary["eval_after"]["per_question"])
-            print(f"[rljob] paired, same questions: {paired.line()}")
+        for line in closing_lines(summary, job):
+            print(f"[rljob] {line}")
         print(f"[rljob] done: metrics, evals and plots in {results}")
     return code
+
+
+def closing_lines(summary: dict, job: RLJob) -> list[str]:
+    """What a finished local run shows a newcomer: what the warm-up did, the score before and after
+    RL on the same questions (the difference is RL's alone), and the training reward's trend."""
+    lines = []
+    scored = "validation slice" if job.spec.eval.split == "validation" else "evaluation set"
+    warmup = summary.get("warmup")
+    if warmup:
+        lines.append(
+            f"warm-up (supervised, before RL): {warmup['examples']} demonstrations, {warmup['steps']} steps, "
+            f"loss {warmup['first_loss']:.2f} -> {warmup['last_loss']:.2f}; 'before RL' below includes it"
+        )
+    names = {"eval_before": "before RL", "eval_after": f"after {summary.get('steps_trained', 0)} RL steps"}
+    for label, name in names.items():
+        if label in summary:
+            ev = summary[label]
+            lines.append(f"{name}: EM {ev['exact_match']:.3f}  F1 {ev['f1']:.3f}  format {ev['format_rate']:.2f}  "
+                         f"searches/q {ev['searches_per_question']:.2f}  (n={ev['questions']}, {scored})")  # fmt: skip
+    if all("per_question" in summary.get(label, {}) for label in names):
+        from rljob.stats import compare_paired
+
+        paired = compare_paired(summary["eval_before"]["per_question"], summary["eval_after"]["per_question"])
+        lines.append(f"RL's change, paired on the same questions: {paired.line()}")
+    rewards = summary.get("rewards") or []
+    if len(rewards) >= 4:
+        quarter = len(rewards) // 4
+        first, last = sum(rewards[:quarter]) / quarter, sum(rewards[-quarter:]) / quarter
+        lines.append(f"training reward, mean of the first {quarter} RL steps {first:.3f} -> last {quarter} {last:.3f}")
+    lines.append(f"done: metrics, evals and plots in {summary['results_dir']}")
+    return lines
 
 
 def _install_stop_handler() -> threading.Event:

@@ -195,6 +195,10 @@ _HF_ONE_GPU = (
     "engine hf serves from one GPU per pod: use engine vllm (tensor parallel over the pod's GPUs) or more replicas"
 )
 _TRAINER_ONE_GPU = "a trainer pod runs one rank on one GPU: use trainer.replicas for more GPUs"
+_VALIDATION_SPLIT = (
+    "eval.split validation scores the validation slice: set data.validationQuestions (200 or more gives "
+    "settings a fair test), or eval.split eval"
+)
 _VLLM_NO_GGUF = (
     "rollout.engine vllm cannot serve model.ggufFile: vLLM's quantized GGUF layers take no weight updates; "
     "use the unquantized checkpoint, or engine hf (which dequantises on load)"
@@ -361,6 +365,14 @@ class EvalSpec(ApiModel):
 
     interval: int = Field(10, ge=0, description="Steps between evaluations (0 disables them).")
     questions: int = Field(100, ge=1, le=100_000, description="Held-out questions per evaluation.")
+    split: Literal["eval", "validation"] = Field(
+        "eval",
+        description=(
+            "What the trainer's evaluations score: `eval`, the evaluation set (data.evalPath); `validation`, "
+            "the validation slice of the training questions (data.validationQuestions), for choosing settings "
+            "without looking at the evaluation set."
+        ),
+    )
 
 
 class WarmupSpec(ApiModel):
@@ -426,11 +438,17 @@ class RLJobSpec(ApiModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
+                    "!has(self.eval) || !has(self.eval.split) || self.eval.split != 'validation'"
+                    " || (has(self.data) && has(self.data.validationQuestions) && self.data.validationQuestions > 0)",
+                    _VALIDATION_SPLIT,
+                    ".eval.split",
+                ),
+                cel(
                     "!has(self.rollout) || !has(self.model) || !has(self.rollout.engine)"
                     " || self.rollout.engine != 'vllm' || !has(self.model.ggufFile)",
                     _VLLM_NO_GGUF,
                     ".rollout.engine",
-                )
+                ),
             ]
         }
     )
@@ -454,6 +472,8 @@ class RLJobSpec(ApiModel):
             raise ValueError("grpo.microBatchSize must not exceed groupSize * questionsPerStep")
         if self.weight_sync.redis.external_url and not self.weight_sync.redis.password_secret:
             raise ValueError("weightSync.redis.externalUrl needs weightSync.redis.passwordSecret")
+        if self.eval.split == "validation" and self.data.validation_questions < 1:
+            raise ValueError(_VALIDATION_SPLIT)
         return self
 
 

@@ -179,7 +179,10 @@ def summarise(results_dir: Path) -> dict[str, object]:
         summary["steps"] = len(rows)
         if rows:
             summary["last"] = rows[-1]
-    for name in ("eval_before.json", "eval_after.json"):
+        trained = [r for r in rows if r.get("step_seconds")]
+        summary["steps_trained"] = len(trained)
+        summary["rewards"] = [r.get("mean_reward", 0.0) for r in trained]
+    for name in ("warmup.json", "eval_before.json", "eval_after.json"):
         path = results_dir / name
         if path.exists():
             summary[name.removesuffix(".json")] = json.loads(path.read_text())

@@ -143,8 +143,9 @@ def eval_requests(step: int, questions: Sequence[Any], version: int) -> list[Pro
 
 
 def load_questions(job: RLJob) -> tuple[list[Any], list[Any]]:
-    """(RL prompt pool, evaluation questions): the warm-up's pool and the validation slice are out
-    of the RL pool, and so is any training question the evaluation set also holds."""
+    """(RL prompt pool, the questions evaluations score): the warm-up's pool and the validation slice
+    are out of the RL pool, and so is any training question the evaluation set also holds. Evaluations
+    score the evaluation set, or the validation slice under `eval.split: validation`."""
     from rljob.data import load_questions_for_spec
     from rljob.data.pools import job_pools
 
@@ -160,9 +161,12 @@ def load_questions(job: RLJob) -> tuple[list[Any], list[Any]]:
                 "grpo.answerableOnly: no RL question's answer appears in its retrieved passages; raise agent.topK "
                 "or agent.passageMaxWords, or turn answerableOnly off"
             )
-    log.info("question pools: %s of %d training questions; %d evaluation questions",
-             sizes, len(train), len(evaluation))  # fmt: skip
-    return rl, evaluation
+    scored = [train[i] for i in pools.validation] if job.spec.eval.split == "validation" else evaluation
+    log.info(
+        "question pools: %s of %d training questions; %d evaluation questions; evaluations score the %s",
+        sizes, len(train), len(evaluation), job.spec.eval.split,
+    )  # fmt: skip
+    return rl, scored
 
 
 def answerable_questions(job: RLJob, questions: Sequence[Any], train: Sequence[Any], evaluation: Sequence[Any]) -> list:
@@ -362,8 +366,10 @@ def _train(
                 result = _evaluate(client, keys, eval_questions, step + 1, version, metrics, eval_timeout_s,
                                    publisher)  # fmt: skip
                 extra["eval_seconds"] = time.perf_counter() - eval_started
-                if result is not None and last:
-                    writer.write_eval("eval_after", result)
+                if result is not None:
+                    writer.write_eval(f"eval_step{step + 1}", result)  # per question: EM at equal wall time
+                    if last:
+                        writer.write_eval("eval_after", result)
             writer.write(metrics, extra)
             _show(bar, metrics)
         version = broadcast_object(gang, version)
