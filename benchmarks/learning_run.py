@@ -241,7 +241,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--summarise-only", action="store_true")
-    parser.add_argument("--work", type=Path, default=Path("results/learning"))
+    parser.add_argument("--work", type=Path, default=RESULTS / "learning_runs")
     parser.add_argument("--lags", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--steps", type=int, help="override grpo.totalSteps")
     parser.add_argument("--questions", type=int, help="override eval.questions (dev questions scored)")
