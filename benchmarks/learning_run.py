@@ -29,7 +29,7 @@ import yaml
 from _common import RESULTS, finish, progress
 
 MANIFEST = Path(__file__).resolve().parents[1] / "examples" / "rljob-learning.yaml"
-KEYS = ("exact_match", "f1", "format_rate", "searches_per_question", "questions")
+KEYS = ("exact_match", "f1", "format_rate", "searches_per_question", "questions", "step")
 
 
 def variant(manifest: dict, lag: int, args: argparse.Namespace) -> dict:
@@ -88,6 +88,7 @@ def run_summary(folder: Path) -> dict:
         elapsed[r["step"]] = total
     out = {
         "max_policy_lag": job["spec"]["grpo"]["maxPolicyLag"],
+        "grpo": job["spec"]["grpo"],  # as the run had it (job.yaml), whatever the manifest says now
         "rl_steps": len(steps),
         "rl_seconds": round(rl_seconds, 1),
         "steps_per_hour": round(3600 * len(steps) / rl_seconds, 2) if rl_seconds else None,
@@ -110,7 +111,7 @@ def run_summary(folder: Path) -> dict:
             out["evals"].append({"step": step, "rl_seconds": None if seconds is None else round(seconds, 1),
                                  **pick(json.loads(path.read_text()))})  # fmt: skip
     for name in ("warmup", "eval_before", "eval_after"):
-        path = folder / f"{name}.json"
+        path = folder / f"{_last_eval(folder) if name == 'eval_after' else name}.json"
         if path.exists():
             data = json.loads(path.read_text())
             out[name] = {k: v for k, v in data.items() if k != "losses"} if name == "warmup" else pick(data)
@@ -123,8 +124,16 @@ def _step_of(path: Path) -> int:
     return int(path.stem.removeprefix("eval_step"))
 
 
+def _last_eval(folder: Path) -> str:
+    """eval_after, or for a run stopped early the last evaluation it made."""
+    if (folder / "eval_after.json").exists():
+        return "eval_after"
+    steps = sorted(folder.glob("eval_step*.json"), key=_step_of)
+    return steps[-1].stem if steps else "eval_after"
+
+
 def _per_question(folder: Path, name: str) -> list | None:
-    path = folder / f"{name}.json"
+    path = folder / f"{(_last_eval(folder) if name == 'eval_after' else name)}.json"
     return json.loads(path.read_text()).get("per_question") if path.exists() else None
 
 
@@ -152,7 +161,7 @@ def headline(summary: dict, work: Path, lags: list[int], untrained: dict) -> dic
         out["rl_em_p_value"][key], out["rl_f1_gain"][key] = paired.em_p_value, paired.f1_gain
         out["rl_em_gained_lost"][key] = [paired.em_gained, paired.em_lost]
         out["rl_f1_gain_interval"][key] = list(paired.f1_gain_interval)
-        out["rl_steps"][key] = summary["runs"][key]["rl_steps"]
+        out["rl_steps"][key] = summary["runs"][key]["eval_after"]["step"]  # of the scored weights
         progress(f"lag {lag}: {paired.line()}")
     runs = summary["runs"]
     if runs.get("lag0", {}).get("steps_per_hour") and runs.get("lag1", {}).get("steps_per_hour"):
@@ -202,14 +211,14 @@ def plot(summary: dict, path: Path) -> None:
             values[k].append(first["eval_before"].get(k, 0.0))
     for run in runs.values():
         if "eval_after" in run:
-            labels.append(f"warm-up+RL\n(lag {run['max_policy_lag']}, {run['rl_steps']} steps)")
+            labels.append(f"warm-up+RL\n(lag {run['max_policy_lag']}, {run['eval_after']['step']} steps)")
             for k in values:
                 values[k].append(run["eval_after"].get(k, 0.0))
     width = 0.27
     for i, (k, vals) in enumerate(values.items()):
         bars.bar([x + (i - 1) * width for x in range(len(labels))], vals, width, label=k)
     bars.set_xticks(range(len(labels)), labels, fontsize=8)
-    bars.set_title(f"{summary['scored']}, greedy, n={summary['baseline'].get('questions')}")
+    bars.set_title(f"{summary['scored']}, greedy, n={first.get('eval_before', {}).get('questions')}")
     bars.legend(fontsize=8)
     for name, run in runs.items():
         x = range(1, len(run["train_reward"]) + 1)
@@ -299,12 +308,11 @@ def main() -> None:
     done = [lag for lag in args.lags if (work / f"lag{lag}" / "metrics.jsonl").exists()]
     summary = {
         "manifest": str(MANIFEST.relative_to(MANIFEST.parents[1])),
-        "overrides": args.set,
         "scored": "validation slice" if args.split == "validation" else "dev.jsonl",
-        "baseline": pick(json.loads(baseline.read_text())),
+        "baseline": pick(json.loads(baseline.read_text())) if baseline.exists() else {},
         "runs": {f"lag{lag}": run_summary(work / f"lag{lag}") for lag in done},
     }
-    summary.update(headline(summary, work, done, json.loads(baseline.read_text())))
+    summary.update(headline(summary, work, done, summary["baseline"]))
     plot(summary, RESULTS / f"{name}.png")
     finish(name, summary)
 
