@@ -83,5 +83,5 @@ def test_evaluations_can_score_the_validation_slice_instead_of_the_eval_set() ->
     assert [q.id for q in scored] == [train[i].id for i in pools.validation]
     assert not {q.id for q in scored} & ({q.id for q in rl_questions} | {q.id for q in evaluation})
     assert [q.id for q in load_questions(_job())[1]] == [q.id for q in evaluation]
-    with pytest.raises(ValueError, match="set data.validationQuestions"):
+    with pytest.raises(ValueError, match=r"set data\.validationQuestions"):
         _job(data={"validationQuestions": 0}, eval={"split": "validation"})
