@@ -123,7 +123,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         summary = summarise(results)
         for line in closing_lines(summary, job):
             print(f"[rljob] {line}")
-        print(f"[rljob] done: metrics, evals and plots in {results}")
     return code
 
 
