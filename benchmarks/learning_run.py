@@ -111,7 +111,7 @@ def run_summary(folder: Path) -> dict:
             out["evals"].append({"step": step, "rl_seconds": None if seconds is None else round(seconds, 1),
                                  **pick(json.loads(path.read_text()))})  # fmt: skip
     for name in ("warmup", "eval_before", "eval_after"):
-        path = folder / f"{_last_eval(folder) if name == 'eval_after' else name}.json"
+        path = _eval_path(folder, name)
         if path.exists():
             data = json.loads(path.read_text())
             out[name] = {k: v for k, v in data.items() if k != "losses"} if name == "warmup" else pick(data)
@@ -124,16 +124,17 @@ def _step_of(path: Path) -> int:
     return int(path.stem.removeprefix("eval_step"))
 
 
-def _last_eval(folder: Path) -> str:
-    """eval_after, or for a run stopped early the last evaluation it made."""
-    if (folder / "eval_after.json").exists():
-        return "eval_after"
-    steps = sorted(folder.glob("eval_step*.json"), key=_step_of)
-    return steps[-1].stem if steps else "eval_after"
+def _eval_path(folder: Path, name: str) -> Path:
+    """The file of evaluation `name`; "eval_after" of a run stopped early is its last evaluation."""
+    if name == "eval_after" and not (folder / "eval_after.json").exists():
+        steps = sorted(folder.glob("eval_step*.json"), key=_step_of)
+        if steps:
+            return steps[-1]
+    return folder / f"{name}.json"
 
 
 def _per_question(folder: Path, name: str) -> list | None:
-    path = folder / f"{(_last_eval(folder) if name == 'eval_after' else name)}.json"
+    path = _eval_path(folder, name)
     return json.loads(path.read_text()).get("per_question") if path.exists() else None
 
 
