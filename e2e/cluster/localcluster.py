@@ -209,8 +209,9 @@ class LocalCluster:
             f"--client-ca-file={pki / 'ca.crt'}",
             "--authorization-mode=RBAC", "--allow-privileged=true",
             # As OpenShift runs it: setting blockOwnerDeletion on a child needs update on its owner's
-            # finalizers, which the chart's RBAC must then grant.
-            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
+            # finalizers, which the chart's RBAC must then grant. A namespace's annotations place
+            # its pods (e2e/hostlet's namespaces on the hostlet's node).
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement,PodNodeSelector,PodTolerationRestriction",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -239,8 +240,9 @@ class LocalCluster:
         ])  # fmt: skip
         self._spawn("kwok", [
             "kwok", f"--kubeconfig={kubeconfig}", f"--config={self.bin_dir / 'kwok-stages.yaml'}",
-            "--manage-all-nodes=true", f"--server-address=127.0.0.1:{free_port()}",
-            "--node-ip=127.0.0.1", "--node-lease-duration-seconds=40",
+            # Only the fake GPU nodes: e2e/hostlet's node runs its pods for real.
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            f"--server-address=127.0.0.1:{free_port()}", "--node-ip=127.0.0.1", "--node-lease-duration-seconds=40",
         ])  # fmt: skip
         self.kubectl("apply", "-f", "-", input=self.render_nodes())
         self._wait(

@@ -1,0 +1,283 @@
+"""The operator's manifests run for real: trainer, rollout workers and the job's Redis as host
+processes on e2e/hostlet's node, through the real control plane, with SmolLM2-135M on CPU.
+
+Each namespace here is annotated so its pods land on the hostlet's node (PodNodeSelector and
+PodTolerationRestriction, as a cluster admin would pin a team to a node pool); the operator runs
+under the chart's ServiceAccount, with *.svc names resolved to loopback (e2e/hostlet/resolver).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from localcluster import wait_for
+from ops import Ops, operator_session
+from rljob.keys import JobKeys
+from rljob.protocol import TrainerMetrics
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
+
+HOSTLET = Path(__file__).resolve().parent / "hostlet"
+NODE = "hostlet"
+PLACEMENT = {
+    "scheduler.alpha.kubernetes.io/node-selector": "rljob.dev/host-process=true",
+    "scheduler.alpha.kubernetes.io/defaultTolerations": json.dumps(
+        [{"key": "rljob.dev/host-process", "operator": "Exists", "effect": "NoSchedule"}]
+    ),
+}
+
+
+class HostletProcess:
+    """The hostlet as a child process, and where it keeps each pod (logs, pid, volumes)."""
+
+    def __init__(self, cluster, root: Path) -> None:
+        self.root = root
+        path = os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])
+        self.log = root / "hostlet.log"
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(HOSTLET / "hostlet.py"),
+                    "--kubeconfig",
+                    str(cluster.kubeconfig),
+                    "--root",
+                    str(root),
+                    "--node",
+                    NODE,
+                    "--path",
+                    path,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def pod_dir(self, ns: str, pod: str) -> Path:
+        (found,) = (self.root / "pods" / ns).glob(f"{pod}-*")
+        return found
+
+    def pid(self, ns: str, pod: str) -> int:
+        return int((self.pod_dir(ns, pod) / "container.pid").read_text())
+
+    def container_log(self, ns: str, pod: str) -> str:
+        return (self.pod_dir(ns, pod) / "container.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def hostlet(cluster, tmp_path_factory) -> Iterator[HostletProcess]:
+    process = HostletProcess(cluster, tmp_path_factory.mktemp("hostlet"))
+    try:
+        wait_for(
+            lambda: (
+                cluster.kubectl(
+                    "get", "node", NODE, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}", check=False
+                ).stdout
+                == "True"
+            ),
+            timeout=60,
+            what="the hostlet's node Ready",
+        )
+        yield process
+    finally:
+        process.stop()
+        print(process.log.read_text(errors="replace")[-3000:])
+
+
+@pytest.fixture(scope="module")
+def ops(cluster, hostlet, tmp_path_factory) -> Iterator[Ops]:
+    resolver = str(HOSTLET / "resolver")
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (resolver, os.environ.get("PYTHONPATH")) if p)}
+    with operator_session(cluster, tmp_path_factory.mktemp("operator") / "operator.log", env) as ops:
+        yield ops
+
+
+@pytest.fixture
+def ns(cluster) -> Iterator[str]:
+    name = f"real-{uuid.uuid4().hex[:6]}"
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "annotations": PLACEMENT}}
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(namespace))
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def real_job(name: str, steps: int, **spec: Any) -> dict[str, Any]:
+    """A job small enough for two cores: the bundled SmolLM2-135M, 2 questions x 4 samples a step."""
+    doc = {
+        "apiVersion": "rljob.dev/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "bundled:smollm2-135m-instruct"},
+            "data": {"trainPath": "bundled:train.jsonl", "evalPath": "bundled:dev.jsonl", "maxTrainQuestions": 64},
+            "agent": {
+                "maxTurns": 2,
+                "maxNewTokensPerTurn": 32,
+                "maxTotalTokens": 512,
+                "topK": 2,
+                "passageMaxWords": 30,
+                "formatReward": 0.2,
+                "searchReward": 0.1,
+            },
+            "grpo": {
+                "groupSize": 4,
+                "questionsPerStep": 2,
+                "microBatchSize": 4,
+                "totalSteps": steps,
+                "checkpointInterval": 2,
+                "learningRate": 1.0e-5,
+            },
+            "rollout": {
+                "engine": "hf",
+                "minReplicas": 1,
+                "maxReplicas": 1,
+                "batchSize": 8,
+                "resources": {"cpu": "1", "memory": "4Gi"},
+            },
+            "trainer": {"replicas": 1, "resources": {"cpu": "1", "memory": "4Gi"}},
+            "weightSync": {"redis": {"memory": "512Mi", "persistence": True, "storage": "1Gi"}},
+            "eval": {"interval": steps, "questions": 8},
+            "restartLimit": 2,
+        },
+    }
+    for key, value in spec.items():
+        doc["spec"].setdefault(key, {}).update(value)
+    return doc
+
+
+def claim(ops: Ops, ns: str, name: str) -> None:
+    """A claim of the hostlet's default StorageClass; its provisioner binds it to a host folder."""
+    ops.apply(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        },
+    )
+    wait_for(
+        lambda: (ops.json("get", "pvc", name, "-n", ns) or {}).get("status", {}).get("phase") == "Bound",
+        timeout=30,
+        what=f"claim {name} Bound",
+    )
+
+
+def job_redis(ops: Ops, ns: str, name: str) -> redis.Redis:
+    secret = ops.json("get", "secret", f"{name}-redis", "-n", ns)
+    return redis.Redis(host="127.0.0.1", port=6379, password=base64.b64decode(secret["data"]["password"]).decode())
+
+
+def columns(ops: Ops, ns: str, name: str) -> dict[str, str]:
+    """`kubectl get rljobs` as a user reads it: header -> cell."""
+    header, *rows = ops.cluster.kubectl("get", "rljob", name, "-n", ns).stdout.splitlines()
+    return dict(zip(header.split(), rows[0].split(), strict=True)) if rows else {}
+
+
+def watch_columns(ops: Ops, ns: str, name: str, until: str, timeout: float) -> list[dict[str, str]]:
+    """Every distinct row `kubectl get rljobs` showed until the phase reached `until`."""
+    seen: list[dict[str, str]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = columns(ops, ns, name)
+        if row and (
+            not seen
+            or {k: v for k, v in row.items() if k != "AGE"} != {k: v for k, v in seen[-1].items() if k != "AGE"}
+        ):
+            seen.append(row)
+        if row.get("PHASE") == until:
+            return seen
+        if row.get("PHASE") == "Failed":
+            raise AssertionError(f"{name} failed: {ops.status(ns, name)}")
+        time.sleep(1)
+    raise AssertionError(f"{name} not {until} after {timeout}s; rows seen: {seen}")
+
+
+def number(cell: str) -> float | None:
+    try:
+        return float(cell)
+    except ValueError:
+        return None
+
+
+def test_a_small_job_trains_through_the_operators_manifests(ops: Ops, hostlet: HostletProcess, ns: str) -> None:
+    ops.apply(ns, real_job("real", steps=4))
+    rows = watch_columns(ops, ns, "real", "Succeeded", timeout=600)
+    steps = [int(s) for r in rows if (s := r.get("STEP", "<none>")).isdigit()]
+    assert any(0 < s < 4 for s in steps) and steps[-1] == 4, rows  # seen advancing, not only at the end
+    assert steps == sorted(steps), rows
+    versions = [v for r in rows if (v := number(r.get("VERSION", ""))) is not None]
+    assert versions and versions[-1] >= 1, rows
+    assert any(number(r.get("REWARD", "")) is not None for r in rows), rows
+    assert any(r.get("ROLLOUTS") == "1/1" for r in rows), rows
+
+    status = ops.status(ns, "real")
+    assert status["evalExactMatch"] is not None and status["evalF1"] is not None, status
+    client = job_redis(ops, ns, "real")
+    metrics = TrainerMetrics.from_redis(client.hgetall(JobKeys(ns, "real").metrics))
+    assert metrics.state == "succeeded"
+    assert (status["step"], status["totalSteps"], status["policyVersion"]) == (
+        metrics.step,
+        metrics.total_steps,
+        metrics.policy_version,
+    )
+    assert status["meanReward"] == pytest.approx(metrics.mean_reward)
+    assert (status["evalExactMatch"], status["evalF1"]) == pytest.approx((metrics.eval_exact_match, metrics.eval_f1))
+    # The job's own Redis ran as rendered: its password, and its append-only file on the claim.
+    (redis_claim,) = (hostlet.root / "claims" / ns).glob("data-real-redis-0")
+    assert list(redis_claim.rglob("*.aof")), f"no AOF under {redis_claim}"
+    trainer_log = hostlet.container_log(ns, next(p["metadata"]["name"] for p in ops.pods(ns, "trainer", "real")))
+    assert "step 4/4" in trainer_log, trainer_log[-2000:]
+
+
+def test_a_killed_trainer_restarts_the_gang_from_its_checkpoint(ops: Ops, hostlet: HostletProcess, ns: str) -> None:
+    claim(ops, ns, "checkpoints")
+    ops.apply(ns, real_job("resume", steps=5, trainer={"checkpointVolumeClaim": "checkpoints"}))
+    wait_for(lambda: (ops.status(ns, "resume").get("step") or 0) >= 3, timeout=600, what="step 3 (checkpoint at 2)")
+    (first,) = ops.pods(ns, "trainer", "resume")
+    os.kill(hostlet.pid(ns, first["metadata"]["name"]), signal.SIGKILL)
+    wait_for(
+        lambda: (
+            (ops.json("get", "pod", first["metadata"]["name"], "-n", ns) or {"status": {"phase": "Failed"}})["status"][
+                "phase"
+            ]
+            == "Failed"
+            or ops.status(ns, "resume").get("restarts") == 1
+        ),
+        timeout=60,
+        what="the killed trainer's pod Failed",
+    )
+    wait_for(lambda: ops.status(ns, "resume").get("restarts") == 1, timeout=120, what="one gang restart counted")
+    rows = watch_columns(ops, ns, "resume", "Succeeded", timeout=600)
+    assert ops.status(ns, "resume")["restarts"] == 1, rows
+    (second,) = ops.pods(ns, "trainer", "resume")
+    assert second["metadata"]["uid"] != first["metadata"]["uid"]
+    text = hostlet.container_log(ns, second["metadata"]["name"])
+    resumed = [line for line in text.splitlines() if "resumed from" in line]
+    assert resumed, text[-3000:]
+    checkpoint_step = int(resumed[0].rsplit(" ", 1)[1])
+    assert checkpoint_step >= 2
+    trained = [
+        int(line.split("step ", 1)[1].split("/", 1)[0])
+        for line in text.splitlines()
+        if " step " in line and "/5 " in line
+    ]
+    assert trained == list(range(checkpoint_step + 1, 6)), trained
