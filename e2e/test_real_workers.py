@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -187,9 +188,14 @@ def job_redis(ops: Ops, ns: str, name: str) -> redis.Redis:
 
 
 def columns(ops: Ops, ns: str, name: str) -> dict[str, str]:
-    """`kubectl get rljobs` as a user reads it: header -> cell."""
+    """`kubectl get rljobs` as a user reads it: header -> cell (cut at the header's offsets, as
+    an empty cell prints as blanks)."""
     header, *rows = ops.cluster.kubectl("get", "rljob", name, "-n", ns).stdout.splitlines()
-    return dict(zip(header.split(), rows[0].split(), strict=True)) if rows else {}
+    if not rows:
+        return {}
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    cells = [rows[0][a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+    return dict(zip(header.split(), cells, strict=True))
 
 
 def watch_columns(ops: Ops, ns: str, name: str, until: str, timeout: float) -> list[dict[str, str]]:

@@ -184,7 +184,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     job = load_job(env.config_path)
     from rljob.trainer.loop import run_trainer
 
-    run_trainer(job, env.authenticated_redis_url, env.checkpoint_dir, results_dir=env.results_dir)
+    # A progress bar for a terminal; a pod's log (or any file) gets one log line per step instead.
+    progress = sys.stderr.isatty()
+    run_trainer(job, env.authenticated_redis_url, env.checkpoint_dir, results_dir=env.results_dir, progress=progress)
     return 0
 
 
