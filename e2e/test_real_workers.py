@@ -26,7 +26,7 @@ import redis
 
 from localcluster import wait_for
 from ops import Ops, operator_session
-from rljob.keys import JobKeys
+from rljob.keys import ROLLOUT_GROUP, JobKeys
 from rljob.protocol import TrainerMetrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -287,3 +287,91 @@ def test_a_killed_trainer_restarts_the_gang_from_its_checkpoint(ops: Ops, hostle
         if " step " in line and "/5 " in line
     ]
     assert trained == list(range(checkpoint_step + 1, 6)), trained
+
+
+def entries_added(client: redis.Redis, stream: str) -> int:
+    """Entries ever added to a stream (Redis 7 keeps the count in its AOF too), deleted or not."""
+    return int(client.xinfo_stream(stream)["entries-added"])
+
+
+def step_at_least(ops: Ops, ns: str, name: str, step: int, timeout: float = 600) -> None:
+    wait_for(lambda: (ops.status(ns, name).get("step") or 0) >= step, timeout=timeout, what=f"{name} at step {step}")
+
+
+def restart_count(ops: Ops, ns: str, pod: str) -> int:
+    found = ops.json("get", "pod", pod, "-n", ns) or {}
+    return sum(c.get("restartCount", 0) for c in found.get("status", {}).get("containerStatuses", []))
+
+
+def test_a_rollout_worker_killed_mid_batch_loses_no_prompt(ops: Ops, hostlet: HostletProcess, ns: str) -> None:
+    ops.apply(ns, real_job("rkill", steps=4))
+    keys = JobKeys(ns, "rkill")
+    wait_for(lambda: ops.status(ns, "rkill").get("step") is not None, timeout=300, what="training started")
+    client = job_redis(ops, ns, "rkill")
+
+    def holding() -> bool:  # the worker has read prompts it has not answered yet
+        try:
+            return client.xpending(keys.prompts, ROLLOUT_GROUP)["pending"] > 0
+        except redis.ResponseError:
+            return False
+
+    wait_for(holding, timeout=300, interval=0.2, what="the worker holding prompts")
+    (worker,) = ops.pods(ns, "rollout", "rkill")
+    (trainer,) = ops.pods(ns, "trainer", "rkill")
+    os.kill(hostlet.pid(ns, worker["metadata"]["name"]), signal.SIGKILL)
+    wait_for(lambda: restart_count(ops, ns, worker["metadata"]["name"]) >= 1, timeout=60, what="the worker restarted")
+    watch_columns(ops, ns, "rkill", "Succeeded", timeout=600)
+    status = ops.status(ns, "rkill")
+    assert status["restarts"] == 0 and status["step"] == 4
+    assert [p["metadata"]["uid"] for p in ops.pods(ns, "trainer", "rkill")] == [trainer["metadata"]["uid"]]
+    # Every prompt answered exactly once: as many groups published as prompts enqueued.
+    assert entries_added(client, keys.trajectories) == entries_added(client, keys.prompts) == 4 * 2
+
+
+def test_a_killed_redis_restarts_from_its_aof_and_the_job_goes_on(ops: Ops, hostlet: HostletProcess, ns: str) -> None:
+    claim(ops, ns, "checkpoints")
+    ops.apply(ns, real_job("rdie", steps=5, trainer={"checkpointVolumeClaim": "checkpoints"}))
+    step_at_least(ops, ns, "rdie", 2)
+    time.sleep(1.5)  # appendfsync everysec: the last second of writes may be lost, as on a node crash
+    os.kill(hostlet.pid(ns, "rdie-redis-0"), signal.SIGKILL)
+    wait_for(lambda: restart_count(ops, ns, "rdie-redis-0") >= 1, timeout=60, what="redis restarted")
+    watch_columns(ops, ns, "rdie", "Succeeded", timeout=600)
+    status = ops.status(ns, "rdie")
+    assert status["step"] == 5, status
+    client = job_redis(ops, ns, "rdie")
+    assert TrainerMetrics.from_redis(client.hgetall(JobKeys(ns, "rdie").metrics)).step == 5
+
+
+def test_suspend_stops_the_processes_and_resume_continues_from_the_checkpoint(
+    ops: Ops, hostlet: HostletProcess, ns: str
+) -> None:
+    claim(ops, ns, "checkpoints")
+    ops.apply(ns, real_job("pause", steps=5, trainer={"checkpointVolumeClaim": "checkpoints"}))
+    step_at_least(ops, ns, "pause", 3)
+    (trainer,) = ops.pods(ns, "trainer", "pause")
+    pid = hostlet.pid(ns, trainer["metadata"]["name"])
+    ops.cluster.kubectl("patch", "rljob", "pause", "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    ops.wait_phase(ns, "pause", "Suspended", timeout=120)
+    wait_for(
+        lambda: not ops.pods(ns, "trainer", "pause") and not ops.pods(ns, "rollout", "pause"),
+        timeout=120,
+        what="trainer and rollout pods gone",
+    )
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the trainer process ended with its pod
+    ops.cluster.kubectl("patch", "rljob", "pause", "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    watch_columns(ops, ns, "pause", "Succeeded", timeout=600)
+    (second,) = ops.pods(ns, "trainer", "pause")
+    text = hostlet.container_log(ns, second["metadata"]["name"])
+    assert any("resumed from" in line for line in text.splitlines()), text[-3000:]
+    assert ops.status(ns, "pause")["restarts"] == 0
+
+
+def test_a_two_member_gang_trains_through_the_rendered_rendezvous(ops: Ops, hostlet: HostletProcess, ns: str) -> None:
+    ops.apply(ns, real_job("gang", steps=2, trainer={"replicas": 2}))
+    watch_columns(ops, ns, "gang", "Succeeded", timeout=600)
+    pods = sorted(ops.pods(ns, "trainer", "gang"), key=lambda p: p["metadata"]["name"])
+    assert len(pods) == 2
+    logs = [hostlet.container_log(ns, p["metadata"]["name"]) for p in pods]
+    assert "step 2/2" in logs[0], logs[0][-3000:]
+    assert all(p["status"]["phase"] == "Succeeded" for p in pods)
