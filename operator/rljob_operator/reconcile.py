@@ -182,7 +182,10 @@ class Reconciler:
             if metrics is None:
                 metrics_error = self._last_redis_error.get((ns, name))
         else:
-            metrics, backlog, metrics_error = self._read_redis(job)
+            # The pass that records a finished job reads its final metrics even while the retry
+            # backoff of a Redis blip runs: the status it writes stays as it is from then on.
+            final = decision.action in ("succeeded", "fail")
+            metrics, backlog, metrics_error = self._read_redis(job, retry_now=final)
         current = int((obs.rollout or {}).get("spec", {}).get("replicas", job.spec.rollout.min_replicas) or 0)
         if rollouts_forced_off(job, decision):
             desired = 0
@@ -418,10 +421,10 @@ class Reconciler:
             self._passwords[key] = base64.b64decode(secret.get("data", {}).get("password", "")).decode()
         return self._passwords[key]
 
-    def _read_redis(self, job: RLJob) -> tuple[TrainerMetrics | None, int | None, str | None]:
+    def _read_redis(self, job: RLJob, retry_now: bool = False) -> tuple[TrainerMetrics | None, int | None, str | None]:
         """Metrics and backlog; an unreachable Redis becomes a condition message, never a crash."""
         key = (job.metadata.namespace, job.metadata.name)
-        if time.time() < self._redis_retry_at.get(key, 0.0):
+        if not retry_now and time.time() < self._redis_retry_at.get(key, 0.0):
             return None, None, self._last_redis_error.get(key, "RedisUnreachable")
         password = ""
         try:

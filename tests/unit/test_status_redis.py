@@ -75,3 +75,24 @@ def test_unreachable_or_wrong_password_degrades_without_leaking(tmp_path) -> Non
         job = job_for(f"redis://127.0.0.1:{server.port}/0")
         metrics, _, error = reconciler(job)._read_redis(job)
         assert metrics is None and error and PASSWORD not in error
+
+
+@pytest.mark.integration
+def test_a_blip_backs_off_but_the_final_metrics_are_read_anyway(tmp_path) -> None:
+    # Redis down for one read: the next reads wait out a 30 s backoff, except the read of the pass
+    # that records the job as finished (found by e2e/test_real_workers: Succeeded at step 2 of 5).
+    with EmbeddedRedis(tmp_path / "r", password=PASSWORD) as server:
+        job = job_for(f"redis://127.0.0.1:{server.port}/0")
+        r = reconciler(job)
+        server.kill()
+        assert r._read_redis(job)[2] is not None
+        r._passwords[("ns", "j")] = PASSWORD  # the reconciler reads the Secret again after a failure
+        server.restart()
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=server.port, password=PASSWORD)
+        client.hset(JobKeys("ns", "j").metrics, mapping=TrainerMetrics(step=5, state="succeeded").to_redis())
+        assert r._read_redis(job)[0] is None  # still backing off
+        metrics, _, error = r._read_redis(job, retry_now=True)
+        assert error is None and metrics is not None and metrics.step == 5
+        client.close()
