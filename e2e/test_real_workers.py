@@ -376,3 +376,19 @@ def test_a_two_member_gang_trains_through_the_rendered_rendezvous(ops: Ops, host
     logs = [hostlet.container_log(ns, p["metadata"]["name"]) for p in pods]
     assert "step 2/2" in logs[0], logs[0][-3000:]
     assert all(p["status"]["phase"] == "Succeeded" for p in pods)
+
+
+def test_rollout_workers_grow_with_the_backlog_and_shrink_after_the_cooldown(
+    ops: Ops, hostlet: HostletProcess, ns: str
+) -> None:
+    # The step-0 evaluation enqueues 16 prompts at once: 4 a worker wants 3 workers; training
+    # steps owe 2 prompts at a time, which 1 worker serves, once the cooldown has passed.
+    scaling = {"minReplicas": 1, "maxReplicas": 3, "pendingPerReplica": 4, "scaleDownCooldownSeconds": 10}
+    ops.apply(ns, real_job("scale", steps=8, rollout=scaling, eval={"interval": 8, "questions": 16}))
+    rows = watch_columns(ops, ns, "scale", "Succeeded", timeout=600)
+    shown = [r["ROLLOUTS"] for r in rows if r.get("ROLLOUTS")]
+    grown = next((i for i, cell in enumerate(shown) if cell == "3/3"), None)
+    assert grown is not None, shown  # three workers ran at once
+    assert any(cell.endswith("/1") for cell in shown[grown:]), shown  # and went back to one while training
+    pods = ops.pods(ns, "rollout", "scale")
+    assert not [p for p in pods if not p["metadata"].get("deletionTimestamp")], "workers left after success"
