@@ -28,27 +28,43 @@ def tiny_model(tmp_path_factory) -> Path:
     return save_tiny_model(tmp_path_factory.mktemp("tiny-model"), texts, vocab_size=256)
 
 
-def write_manifest(path: Path, model: Path | str, total_steps: int = 2) -> Path:
+def write_manifest(path: Path, model: Path | str, total_steps: int = 2, restart_limit: int = 3) -> Path:
     manifest = {
-        "apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "local-test"},
+        "apiVersion": "rljob.dev/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "local-test"},
         "spec": {
             "model": {"name": str(model)},
             "data": {"trainPath": "bundled:train.jsonl", "evalPath": "bundled:dev.jsonl", "maxTrainQuestions": 20},
             "agent": {"maxTurns": 2, "maxNewTokensPerTurn": 12, "maxTotalTokens": 400, "formatReward": 0.2},
-            "grpo": {"groupSize": 2, "questionsPerStep": 2, "microBatchSize": 4, "totalSteps": total_steps,
-                     "learningRate": 1e-3, "checkpointInterval": 1},
+            "grpo": {
+                "groupSize": 2,
+                "questionsPerStep": 2,
+                "microBatchSize": 4,
+                "totalSteps": total_steps,
+                "learningRate": 1e-3,
+                "checkpointInterval": 1,
+            },
             "rollout": {"batchSize": 2},
             "eval": {"interval": 2, "questions": 3},
+            "restartLimit": restart_limit,
         },
-    }  # fmt: skip
+    }
     path.write_text(yaml.safe_dump(manifest))
     return path
 
 
 def rljob(*args: str, **kwargs) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "rljob.cli", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True, **kwargs)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "rljob.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        **kwargs,
+    )
 
 
 def leftover_processes(marker: str) -> list[str]:
@@ -131,6 +147,65 @@ def test_a_run_killed_outright_leaves_no_process(tmp_path, tiny_model, process_e
     while not all(process_ended(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert all(process_ended(pid) for pid in children), [pid for pid in children if not process_ended(pid)]
+    assert leftover_processes(str(results)) == []
+
+
+def _child(pid: int, role: str) -> int:
+    """The run's child process that serves `role`: `rljob.cli rollout`, `rljob.cli train`, or
+    redis-server (which renames itself `/usr/bin/redis-server 127.0.0.1:PORT`)."""
+    out = subprocess.run(["pgrep", "-a", "-P", str(pid)], capture_output=True, text=True).stdout
+    commands = dict(line.split(None, 1) for line in out.splitlines())
+    (found,) = [p for p, cmd in commands.items() if role in (Path(cmd.split()[0]).name, cmd.split()[-1])]
+    return int(found)
+
+
+def _after_first_step(results: Path) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if (results / "metrics.jsonl").exists() and (results / "metrics.jsonl").read_text().strip():
+            return
+        time.sleep(0.2)
+    raise AssertionError("the run never finished its first step")
+
+
+@pytest.mark.parametrize(
+    ("role", "said"),
+    [
+        ("rollout", "rollout-0 exited with code -9; starting it again"),
+        ("train", "trainer-0 exited with code -9; restarting the trainers from their last checkpoint"),
+        ("redis-server", "redis-server died; restarting it on its append-only file"),
+    ],
+)
+def test_a_crashed_child_is_restarted_and_the_run_finishes(tmp_path, tiny_model, role, said):
+    """As the cluster does: a worker is started again, a trainer gang restarts from its checkpoint,
+    Redis comes back on its AOF; the run ends as if nothing happened, every step trained."""
+    results = tmp_path / "results"
+    manifest = write_manifest(tmp_path / "job.yaml", tiny_model, total_steps=6)
+    proc = rljob("run", str(manifest), "--local", "--results", str(results))
+    _after_first_step(results)
+    os.kill(_child(proc.pid, role), signal.SIGKILL)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    assert said in out, out
+    steps = [json.loads(line)["step"] for line in (results / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == 6 and set(steps) == set(range(1, 7)), steps
+    if role == "train":
+        assert "resumed from" in out, out
+    else:
+        assert steps == list(range(1, 7)), steps  # the trainer itself never restarted
+    assert leftover_processes(str(results)) == []
+
+
+def test_past_the_restart_limit_the_run_stops_naming_the_failure_and_the_resume(tmp_path, tiny_model):
+    results = tmp_path / "results"
+    manifest = write_manifest(tmp_path / "job.yaml", tiny_model, total_steps=1000, restart_limit=0)
+    proc = rljob("run", str(manifest), "--local", "--results", str(results))
+    _after_first_step(results)
+    os.kill(_child(proc.pid, "train"), signal.SIGKILL)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out
+    assert "trainer-0 exited with code -9, past restartLimit 0" in out, out
+    assert f"rljob run {manifest} --local --results {results} --resume" in out, out
     assert leftover_processes(str(results)) == []
 
 

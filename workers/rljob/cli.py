@@ -115,6 +115,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         code = run.run()
     except LocalRunFailed as exc:
         print(f"rljob run failed: {exc}", file=sys.stderr)
+        workers = f" --workers {args.workers}" if args.workers != 1 else ""
+        print(f"rljob run: continue it with: rljob run {args.file} --local --results {results}{workers} --resume",
+              file=sys.stderr)  # fmt: skip
         return 1
     if code == 0:
         from rljob.plots import plot_run

@@ -143,6 +143,10 @@ class EmbeddedRedis:
         pid = reply.split(b"process_id:", 1)[1].split(b"\r\n", 1)[0]
         return pid.strip() == str(self.process.pid).encode()
 
+    def running(self) -> bool:
+        """Whether the server started here is still alive (it may have crashed or been killed)."""
+        return self.process is not None and self.process.poll() is None
+
     def kill(self) -> None:
         """SIGKILL, as a crash would: nothing is flushed beyond what AOF already has."""
         if self.process and self.process.poll() is None:

@@ -4,6 +4,11 @@ An embedded redis-server stands in for the managed one; rollout workers and trai
 child processes started with exactly the environment the operator renders into pods
 (`rljob rollout`, `rljob train`). Every child is stopped on success, on error and on Ctrl-C, and
 nothing outlives this process, even when it is killed outright (Linux).
+
+Children are supervised as the cluster supervises pods: a rollout worker that dies is started
+again (its held prompts are reclaimed, none lost or answered twice), a trainer that fails restarts
+the whole gang from its last checkpoint (counted against `spec.restartLimit`, as the operator
+counts gang restarts), and a redis-server that dies is restarted on its append-only file.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ from rljob.parent_death import guarded
 from rljob.ports import free_port
 from rljob.runtime_env import WorkerEnv
 
+# A worker or redis-server that keeps dying is broken, not unlucky: the run stops after this many.
+PROCESS_RESTARTS = 5
+
 
 class LocalRunFailed(RuntimeError):
     pass
@@ -38,6 +46,9 @@ class Child:
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path | None = None
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    restarts: int = 0
 
     def tail(self, chars: int = 3000) -> str:
         if self.log_path and self.log_path.exists():
@@ -51,12 +62,18 @@ class LocalRun:
     results_dir: Path
     rollout_workers: int = 1
     children: list[Child] = field(default_factory=list)
+    redis_restarts: int = 0
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str], to_console: bool) -> Child:
         log_path = None if to_console else self.results_dir / "logs" / f"{name}.log"
+        child = Child(name, self._start(args, env, log_path), log_path, args, env)
+        self.children.append(child)
+        return child
+
+    def _start(self, args: list[str], env: dict[str, str], log_path: Path | None) -> subprocess.Popen[bytes]:
         if log_path:
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            out = open(log_path, "wb")  # noqa: SIM115 - handed to the child
+            out = open(log_path, "ab")  # noqa: SIM115 - handed to the child
         else:
             out = None
         # Workers and trainers take turns on the same cores: idle OpenMP threads must sleep, not spin.
@@ -64,35 +81,43 @@ class LocalRun:
         # A parent killed outright (kill -9, the OOM killer) cannot stop its children: they are
         # killed with it (rljob.parent_death), as nothing is left to read their work or to serve Redis.
         process = subprocess.Popen(
-            guarded([sys.executable, "-m", "rljob.cli", *args], signal.SIGKILL), env=env,
-            stdout=out, stderr=subprocess.STDOUT if out else None, start_new_session=True,
-        )  # fmt: skip
+            guarded([sys.executable, "-m", "rljob.cli", *args], signal.SIGKILL),
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            start_new_session=True,
+        )
         if out:
             out.close()
-        child = Child(name, process, log_path)
-        self.children.append(child)
-        return child
+        return process
+
+    def _restart(self, child: Child) -> None:
+        child.restarts += 1
+        child.process = self._start(child.args, child.env, child.log_path)
 
     def run(self) -> int:
         """Run to completion; returns the trainer's exit code (0 on success)."""
         self.results_dir.mkdir(parents=True, exist_ok=True)
         config_path = self.results_dir / "job.yaml"
         config_path.write_text(yaml.safe_dump(self.job.model_dump(by_alias=True, mode="json"), sort_keys=False))
-        redis = EmbeddedRedis(self.results_dir / "redis", appendonly=True, password=secrets.token_hex(16),
-                              die_with_parent=True)  # fmt: skip
+        redis = EmbeddedRedis(
+            self.results_dir / "redis", appendonly=True, password=secrets.token_hex(16), die_with_parent=True
+        )
         previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         # Ctrl-C stops the run even where SIGINT came in ignored: a shell starts background jobs
         # (`rljob run ... &`, nohup, some CI runners) with SIGINT ignored, and Python then keeps it so.
         previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             redis.start()  # inside the try: an interrupt right after it still stops it
-            print(f"[rljob] embedded redis-server on 127.0.0.1:{redis.port}; results in {self.results_dir}",
-                  flush=True)  # fmt: skip
+            print(f"[rljob] embedded redis-server on 127.0.0.1:{redis.port}; results in {self.results_dir}", flush=True)
             base = WorkerEnv(
-                config_path=str(config_path), redis_url=f"redis://127.0.0.1:{redis.port}/0",
-                redis_password=redis.password, checkpoint_dir=str(self.results_dir / "checkpoints"),
-                results_dir=str(self.results_dir), worker_id="local",
-            )  # fmt: skip
+                config_path=str(config_path),
+                redis_url=f"redis://127.0.0.1:{redis.port}/0",
+                redis_password=redis.password,
+                checkpoint_dir=str(self.results_dir / "checkpoints"),
+                results_dir=str(self.results_dir),
+                worker_id="local",
+            )
             for i in range(self.rollout_workers):
                 env = base.model_copy(update={"worker_id": f"rollout-{i}"}).to_environ()
                 self._spawn(f"rollout-{i}", ["rollout"], env, to_console=False)
@@ -103,7 +128,7 @@ class LocalRun:
                 env = base.model_copy(update={"worker_id": f"trainer-{rank}"}).to_environ()
                 env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank))
                 trainers.append(self._spawn(f"trainer-{rank}", ["train"], env, to_console=rank == 0))
-            return self._supervise(trainers)
+            return self._supervise(trainers, redis)
         except KeyboardInterrupt:
             print("\n[rljob] interrupted: stopping workers and trainers", file=sys.stderr, flush=True)
             return 130
@@ -128,26 +153,68 @@ class LocalRun:
             with _signals_ignored():
                 redis.stop()
 
-    def _supervise(self, trainers: list[Child]) -> int:
+    def _supervise(self, trainers: list[Child], redis: EmbeddedRedis) -> int:
+        gang_restarts = 0
         while True:
+            if not redis.running():
+                self.redis_restarts += 1
+                if self.redis_restarts > PROCESS_RESTARTS:
+                    raise LocalRunFailed(
+                        f"redis-server died {self.redis_restarts} times (log: {redis.workdir / 'redis.log'})"
+                    )
+                print(
+                    f"[rljob] redis-server died; restarting it on its append-only file (restart {self.redis_restarts})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                redis.restart()
+            codes = {t.name: t.process.poll() for t in trainers}
+            if all(code == 0 for code in codes.values()):
+                return 0
+            failed = next((t for t in trainers if codes[t.name] not in (None, 0)), None)
+            if failed is not None:
+                code = codes[failed.name]
+                if gang_restarts >= self.job.spec.restart_limit:
+                    raise LocalRunFailed(self._failure(failed, code, f"restartLimit {self.job.spec.restart_limit}"))
+                gang_restarts += 1
+                print(
+                    f"[rljob] {failed.name} exited with code {code}; restarting the trainers from their "
+                    f"last checkpoint (gang restart {gang_restarts} of {self.job.spec.restart_limit})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self.stop_children(grace=20.0, only=trainers)
+                port = str(free_port())  # the last gang's store may still hold its port
+                for t in trainers:
+                    t.env["MASTER_PORT"] = port
+                    self._restart(t)
             for child in self.children:
                 code = child.process.poll()
-                if code is None:
+                if child in trainers or code is None:
                     continue
-                if child in trainers and code == 0 and all(t.process.poll() == 0 for t in trainers):
-                    return 0
-                if child in trainers and code == 0:
-                    continue
-                where = f" (log: {child.log_path})" if child.log_path else ""
-                raise LocalRunFailed(f"{child.name} exited with code {code}{where}\n{child.tail()}")
+                if child.restarts >= PROCESS_RESTARTS:
+                    raise LocalRunFailed(self._failure(child, code, f"{PROCESS_RESTARTS} restarts"))
+                print(
+                    f"[rljob] {child.name} exited with code {code}; starting it again (its prompts are "
+                    f"reclaimed, none lost)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self._restart(child)
             time.sleep(0.5)
 
-    def stop_children(self, grace: float = 20.0) -> None:
-        for child in self.children:
+    @staticmethod
+    def _failure(child: Child, code: int | None, limit: str) -> str:
+        where = f" (log: {child.log_path})" if child.log_path else ""
+        return f"{child.name} exited with code {code}, past {limit}{where}\n{child.tail()}"
+
+    def stop_children(self, grace: float = 20.0, only: list[Child] | None = None) -> None:
+        children = self.children if only is None else only
+        for child in children:
             if child.process.poll() is None:
                 os.killpg(child.process.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        for child in self.children:
+        for child in children:
             try:
                 child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
