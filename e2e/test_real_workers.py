@@ -26,6 +26,7 @@ import redis
 
 from localcluster import wait_for
 from ops import Ops, operator_session
+from rljob.assets import smollm2_model_dir
 from rljob.keys import ROLLOUT_GROUP, JobKeys
 from rljob.protocol import TrainerMetrics
 
@@ -47,21 +48,14 @@ class HostletProcess:
     def __init__(self, cluster, root: Path) -> None:
         self.root = root
         path = os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])
+        # The host plays the worker image, which carries the bundled model already converted
+        # (docker/workers.Dockerfile): the host's cache, converted here once, stands for it.
+        image_cache = smollm2_model_dir().parents[1]
+        args = ["--kubeconfig", str(cluster.kubeconfig), "--root", str(root), "--node", NODE, "--path", path]
         self.log = root / "hostlet.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    str(HOSTLET / "hostlet.py"),
-                    "--kubeconfig",
-                    str(cluster.kubeconfig),
-                    "--root",
-                    str(root),
-                    "--node",
-                    NODE,
-                    "--path",
-                    path,
-                ],
+                [sys.executable, str(HOSTLET / "hostlet.py"), *args, "--env", f"RLJOB_CACHE={image_cache}"],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

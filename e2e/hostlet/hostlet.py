@@ -89,7 +89,7 @@ class Container:
         (self.pod_dir / "container.pid").write_text(str(self.proc.pid))
         self.started_at, self.ready, self.probe_at = now(), self.readiness is None, 0.0
 
-    def signal(self, sig: signal.Signals) -> None:
+    def send(self, sig: signal.Signals) -> None:
         if self.proc and self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, sig)
@@ -117,6 +117,7 @@ class Hostlet:
     root: Path
     node: str = "hostlet"
     path: str = os.environ.get("PATH", "/usr/bin:/bin")
+    image_env: dict[str, str] = field(default_factory=dict)  # what an image's ENV would set
     cpu: str = "16"
     memory: str = "64Gi"
     pods: dict[str, Container] = field(default_factory=dict)  # pod uid -> container
@@ -319,7 +320,7 @@ class Hostlet:
         rewrite = path_rewriter(mounts)
         env = {k: rewrite(v) for k, v in env.items()}
         hostname = spec.get("hostname") or meta["name"]
-        process_env = {"PATH": self.path, "HOSTNAME": hostname, "HOME": str(pod_dir), **env}
+        process_env = {"PATH": self.path, "HOSTNAME": hostname, "HOME": str(pod_dir), **self.image_env, **env}
         argv = [rewrite(a) for a in container_argv(container, env)]
         return Container(
             pod_dir, argv, process_env, spec.get("restartPolicy", "Always"), container.get("readinessProbe")
@@ -429,7 +430,7 @@ class Hostlet:
                 continue
             self._step(pod, c)
         for uid in set(self.pods) - seen:  # deleted without a grace period: the process goes too
-            self.pods.pop(uid).signal(signal.SIGKILL)
+            self.pods.pop(uid).send(signal.SIGKILL)
 
     def _step(self, pod: dict[str, Any], c: Container) -> None:
         if c.finished:
@@ -473,22 +474,22 @@ class Hostlet:
             if c.kill_at is None:
                 grace = pod["metadata"].get("deletionGracePeriodSeconds") or 0
                 c.kill_at = time.monotonic() + grace
-                c.signal(signal.SIGTERM)
+                c.send(signal.SIGTERM)
                 log(f"stopping {pod['metadata']['name']} (grace {grace}s)")
             elif time.monotonic() >= c.kill_at:
-                c.signal(signal.SIGKILL)
+                c.send(signal.SIGKILL)
             return
         self.pods.pop(pod["metadata"]["uid"], None)
         self._delete_pod(pod)
 
     def stop_all(self) -> None:
         for c in self.pods.values():
-            c.signal(signal.SIGTERM)
+            c.send(signal.SIGTERM)
         deadline = time.monotonic() + 10
         for c in self.pods.values():
             while c.proc and c.proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.1)
-            c.signal(signal.SIGKILL)
+            c.send(signal.SIGKILL)
 
     def run(self, stop: threading.Event, interval: float = 0.5) -> None:
         self.register()
@@ -515,12 +516,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", required=True, type=Path)
     parser.add_argument("--node", default="hostlet")
     parser.add_argument("--path", default=os.environ.get("PATH", "/usr/bin:/bin"), help="PATH of every container")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment every container starts with, as an image's ENV (the pod's env wins)",
+    )
     args = parser.parse_args(argv)
     config.load_kube_config(args.kubeconfig)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    Hostlet(args.root, args.node, args.path).run(stop)
+    image_env = dict(item.split("=", 1) for item in args.env)
+    Hostlet(args.root, args.node, args.path, image_env).run(stop)
     return 0
 
 
