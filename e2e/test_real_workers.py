@@ -112,6 +112,13 @@ def ns(cluster) -> Iterator[str]:
     cluster.kubectl("apply", "-f", "-", input=json.dumps(namespace))
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    # Pods here share the host's ports (Redis 6379, the rendezvous 29500): the next test's job
+    # may start only once this one's processes are gone.
+    wait_for(
+        lambda: not cluster.kubectl("get", "pods", "-n", name, "-o", "name", check=False).stdout.strip(),
+        timeout=120,
+        what=f"the pods of {name} gone",
+    )
 
 
 def real_job(name: str, steps: int, **spec: Any) -> dict[str, Any]:

@@ -70,6 +70,7 @@ class Reconciler:
     _api_cache: dict[str, tuple[bool, float]] = field(default_factory=dict)
     _passwords: dict[tuple[str, str], str] = field(default_factory=dict)
     _redis_retry_at: dict[tuple[str, str], float] = field(default_factory=dict)
+    _redis_failures: dict[tuple[str, str], int] = field(default_factory=dict)
     _last_redis_error: dict[tuple[str, str], str] = field(default_factory=dict)
     _last_metrics: dict[tuple[str, str], TrainerMetrics] = field(default_factory=dict)
     _next_child_check: dict[tuple[str, str], float] = field(default_factory=dict)
@@ -84,6 +85,7 @@ class Reconciler:
             self._locks,
             self._passwords,
             self._redis_retry_at,
+            self._redis_failures,
             self._last_redis_error,
             self._last_metrics,
             self._next_child_check,
@@ -449,9 +451,13 @@ class Reconciler:
                 message = message.replace(password, "***")
             self._passwords.pop(key, None)  # read the Secret again next time: it may have been replaced
             self._last_redis_error[key] = message
-            self._redis_retry_at[key] = time.time() + 30.0
+            # Backing off 2, 4, 8 .. 30 s: a new job's Redis is not up yet at the first reads, and
+            # a flat 30 s hid the backlog of its first evaluation from the autoscaler.
+            failures = self._redis_failures[key] = self._redis_failures.get(key, 0) + 1
+            self._redis_retry_at[key] = time.time() + min(30.0, 2.0**failures)
             return None, None, message
         self._redis_retry_at.pop(key, None)
+        self._redis_failures.pop(key, None)
         self._last_redis_error.pop(key, None)
         metrics = TrainerMetrics.from_redis(raw) if raw else None
         if metrics is not None:

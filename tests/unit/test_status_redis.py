@@ -4,6 +4,7 @@ redis-server, and the degraded condition when Redis cannot be reached."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -79,13 +80,15 @@ def test_unreachable_or_wrong_password_degrades_without_leaking(tmp_path) -> Non
 
 @pytest.mark.integration
 def test_a_blip_backs_off_but_the_final_metrics_are_read_anyway(tmp_path) -> None:
-    # Redis down for one read: the next reads wait out a 30 s backoff, except the read of the pass
+    # Redis down for one read: the next reads wait out a backoff (2 s, doubling to 30 s while the
+    # failures go on: a new job's Redis is not up at its first reads), except the read of the pass
     # that records the job as finished (found by e2e/test_real_workers: Succeeded at step 2 of 5).
     with EmbeddedRedis(tmp_path / "r", password=PASSWORD) as server:
         job = job_for(f"redis://127.0.0.1:{server.port}/0")
         r = reconciler(job)
         server.kill()
         assert r._read_redis(job)[2] is not None
+        assert 0 < r._redis_retry_at[("ns", "j")] - time.time() <= 2.0
         r._passwords[("ns", "j")] = PASSWORD  # the reconciler reads the Secret again after a failure
         server.restart()
         import redis
