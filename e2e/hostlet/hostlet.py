@@ -373,7 +373,7 @@ class Hostlet:
         uid = pod["metadata"]["uid"]
         self.failed_to_start.add(uid)
         log(f"pod {pod['metadata']['namespace']}/{pod['metadata']['name']} cannot start: {err}")
-        (container,) = pod["spec"]["containers"][:1] or [{"name": "?"}]
+        container = pod["spec"]["containers"][0]
         status = {
             "phase": "Failed",
             "reason": "CreateContainerConfigError",
