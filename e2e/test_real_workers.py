@@ -305,7 +305,9 @@ def restart_count(ops: Ops, ns: str, pod: str) -> int:
 
 
 def test_a_rollout_worker_killed_mid_batch_loses_no_prompt(ops: Ops, hostlet: HostletProcess, ns: str) -> None:
-    ops.apply(ns, real_job("rkill", steps=4))
+    """Two deaths mid-batch: the process (its pod restarts it), then the pod itself, force-deleted
+    as a lost node's pods are (the Deployment's replacement takes over the prompts it held)."""
+    ops.apply(ns, real_job("rkill", steps=5))
     keys = JobKeys(ns, "rkill")
     wait_for(lambda: ops.status(ns, "rkill").get("step") is not None, timeout=300, what="training started")
     client = job_redis(ops, ns, "rkill")
@@ -321,12 +323,38 @@ def test_a_rollout_worker_killed_mid_batch_loses_no_prompt(ops: Ops, hostlet: Ho
     (trainer,) = ops.pods(ns, "trainer", "rkill")
     os.kill(hostlet.pid(ns, worker["metadata"]["name"]), signal.SIGKILL)
     wait_for(lambda: restart_count(ops, ns, worker["metadata"]["name"]) >= 1, timeout=60, what="the worker restarted")
+
+    step = ops.status(ns, "rkill").get("step") or 0
+    wait_for(
+        lambda: (ops.status(ns, "rkill").get("step") or 0) > step and holding(),
+        timeout=300,
+        interval=0.2,
+        what="the restarted worker holding prompts of a later step",
+    )
+    ops.cluster.kubectl("delete", "pod", worker["metadata"]["name"], "-n", ns, "--grace-period=0", "--force")
+
+    def replaced() -> dict[str, Any] | None:
+        pods = [p for p in ops.pods(ns, "rollout", "rkill") if p["metadata"]["uid"] != worker["metadata"]["uid"]]
+        return next((p for p in pods if p.get("status", {}).get("phase") == "Running"), None)
+
+    wait_for(lambda: replaced() is not None, timeout=120, what="the Deployment's replacement running")
+    replacement = replaced()
+    assert replacement is not None
+    orphaned = client.xpending_range(
+        keys.prompts, ROLLOUT_GROUP, min="-", max="+", count=100, consumername=worker["metadata"]["name"]
+    )
+    assert orphaned, "the deleted pod held no prompt when it died"
+    assert replacement["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
     watch_columns(ops, ns, "rkill", "Succeeded", timeout=600)
     status = ops.status(ns, "rkill")
-    assert status["restarts"] == 0 and status["step"] == 4
+    assert status["restarts"] == 0 and status["step"] == 5
     assert [p["metadata"]["uid"] for p in ops.pods(ns, "trainer", "rkill")] == [trainer["metadata"]["uid"]]
     # Every prompt answered exactly once: as many groups published as prompts enqueued.
-    assert entries_added(client, keys.trajectories) == entries_added(client, keys.prompts) == 4 * 2
+    assert entries_added(client, keys.trajectories) == entries_added(client, keys.prompts) == 5 * 2
+    # The prompts the deleted pod held were taken over by its replacement.
+    log = hostlet.container_log(ns, replacement["metadata"]["name"])
+    assert "reclaimed" in log, log[-3000:]
+    assert not client.xpending_range(keys.prompts, ROLLOUT_GROUP, min="-", max="+", count=100)
 
 
 def test_a_killed_redis_restarts_from_its_aof_and_the_job_goes_on(ops: Ops, hostlet: HostletProcess, ns: str) -> None:
