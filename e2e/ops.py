@@ -30,6 +30,8 @@ CHILD_KINDS = (
     "workloads.scheduling.k8s.io",
     "podgroups.scheduling.k8s.io",
 )
+TINY = yaml.safe_load((ROOT / "examples" / "rljob-tiny.yaml").read_text())
+JOB_UID = "batch.kubernetes.io/controller-uid"
 
 
 class Ops:
@@ -107,3 +109,22 @@ def operator_session(
     assert not denied, f"the chart's RBAC denied the operator: {sorted(set(denied))}"
     crashes = [tb for tb in tracebacks(text) if not provoked_error or provoked_error not in tb]
     assert not crashes, f"operator crashed in a handler:\n{crashes[-1][-4000:]}"
+
+
+def tiny(name: str = "tiny", **spec: Any) -> dict[str, Any]:
+    """examples/rljob-tiny.yaml (2 trainers on kwok GPU nodes) renamed, with `spec` merged in."""
+    doc = json.loads(json.dumps(TINY))
+    doc["metadata"]["name"] = name
+    for key, value in spec.items():
+        if isinstance(value, dict):
+            doc["spec"].setdefault(key, {}).update(value)
+        else:
+            doc["spec"][key] = value
+    return doc
+
+
+def fail_pod(ops: Ops, ns: str, pod: str) -> None:
+    """A kwok pod "fails" as a kubelet reports it: its status phase set to Failed."""
+    ops.cluster.kubectl(
+        "patch", "pod", pod, "-n", ns, "--subresource=status", "--type=merge", "-p", '{"status":{"phase":"Failed"}}'
+    )

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from localcluster import KUBE_VERSION, wait_for
+from localcluster import wait_for
 
 
 @pytest.fixture
@@ -97,8 +97,8 @@ def test_rbac_answers_per_rules(cluster, namespace):
 
 def test_versions_are_real(cluster):
     versions = json.loads(cluster.kubectl("version", "-o", "json").stdout)
-    assert versions["serverVersion"]["gitVersion"] == KUBE_VERSION
-    assert versions["clientVersion"]["gitVersion"] == KUBE_VERSION
+    assert versions["serverVersion"]["gitVersion"] == cluster.kube_version  # as built, not v0.0.0
+    assert versions["clientVersion"]["gitVersion"] == cluster.kube_version
     helm = cluster.helm("version", "--short").stdout.strip()
     assert helm.startswith("v3."), helm
     assert "v3.0.0" not in helm and "unknown" not in helm
@@ -107,3 +107,6 @@ def test_versions_are_real(cluster):
 def test_workload_api_is_served(cluster):
     resources = cluster.kubectl("api-resources", "--api-group=scheduling.k8s.io", "-o", "name").stdout.split()
     assert any(r.startswith("workloads.") for r in resources), resources
+    versions = cluster.kubectl("api-versions").stdout.split()
+    expected = {37: "scheduling.k8s.io/v1beta1", 36: "scheduling.k8s.io/v1alpha2"}[cluster.kube_minor]
+    assert expected in versions, versions

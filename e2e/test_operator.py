@@ -1,5 +1,6 @@
 """The operator against the real control plane: chart, RBAC, children, pods on kwok GPU nodes,
-validation, preflight failures, restarts of the operator, suspend/resume, gang failures, deletion.
+validation, preflight failures, restarts of the operator, suspend/resume, deletion (gang
+scheduling and gang restarts, on each Kubernetes minor: test_gang_scheduling.py).
 
 The chart is installed with replicaCount=0 and the operator runs from source with the chart's
 ServiceAccount token, so every test also proves the chart's RBAC is sufficient.
@@ -20,13 +21,11 @@ import pytest
 import yaml
 
 from localcluster import wait_for
-from ops import CHART, OP_NS, ROOT, SA, Ops, operator_session
+from ops import CHART, OP_NS, ROOT, SA, Ops, fail_pod, operator_session, tiny
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
-TINY = yaml.safe_load((ROOT / "examples" / "rljob-tiny.yaml").read_text())
 SEARCH_R1 = yaml.safe_load((ROOT / "examples" / "rljob-search-r1.yaml").read_text())
-JOB_UID = "batch.kubernetes.io/controller-uid"
 
 
 @pytest.fixture(scope="module")
@@ -46,17 +45,6 @@ def ns(cluster) -> Iterator[str]:
     cluster.kubectl("create", "namespace", name)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
-
-
-def tiny(name: str = "tiny", **spec: Any) -> dict[str, Any]:
-    doc = json.loads(json.dumps(TINY))
-    doc["metadata"]["name"] = name
-    for key, value in spec.items():
-        if isinstance(value, dict):
-            doc["spec"].setdefault(key, {}).update(value)
-        else:
-            doc["spec"][key] = value
-    return doc
 
 
 def test_chart_lints_and_renders(cluster, tmp_path: Path) -> None:
@@ -324,31 +312,6 @@ def test_suspend_and_resume(ops: Ops, ns: str) -> None:
     assert ops.status(ns, "sus")["restarts"] == 0
 
 
-def fail_pod(ops: Ops, ns: str, pod: str) -> None:
-    ops.cluster.kubectl(
-        "patch", "pod", pod, "-n", ns, "--subresource=status", "--type=merge", "-p", '{"status":{"phase":"Failed"}}'
-    )
-
-
-def test_trainer_failure_restarts_whole_gang_and_counts_once(ops: Ops, ns: str) -> None:
-    ops.apply(ns, tiny("gang"))
-    old = wait_for(lambda: ops.running(ns, "trainer", "gang", 2), timeout=90, what="trainers")
-    rollout_before = {p["metadata"]["uid"] for p in wait_for(lambda: ops.running(ns, "rollout", "gang", 1))}
-    job_uid = ops.json("get", "job", "gang-trainer", "-n", ns)["metadata"]["uid"]
-    fail_pod(ops, ns, old[0]["metadata"]["name"])
-    wait_for(lambda: ops.status(ns, "gang").get("restarts") == 1, timeout=30, what="restarts == 1")
-    new = wait_for(lambda: ops.running(ns, "trainer", "gang", 2), timeout=90, what="new gang Running")
-    old_uids = {p["metadata"]["uid"] for p in old}
-    assert not old_uids & {p["metadata"]["uid"] for p in new}, "every member must be replaced"
-    assert ops.json("get", "job", "gang-trainer", "-n", ns)["metadata"]["uid"] != job_uid
-    time.sleep(3)
-    st = ops.status(ns, "gang")
-    assert st["restarts"] == 1 and st["phase"] == "Running"
-    assert {p["metadata"]["uid"] for p in ops.running(ns, "rollout", "gang", 1) or []} == rollout_before
-    reasons = ops.cluster.kubectl("get", "events", "-n", ns, "-o", "jsonpath={.items[*].reason}").stdout
-    assert "GangRestart" in reasons
-
-
 def test_deleted_children_come_back(ops: Ops, ns: str) -> None:
     ops.apply(ns, tiny("heal"))
     wait_for(lambda: ops.running(ns, "trainer", "heal", 2), timeout=90, what="trainers")
@@ -484,24 +447,6 @@ def test_spec_changes_roll_or_restart(ops: Ops, ns: str) -> None:
     wait_for(lambda: ops.running(ns, "trainer", "roll", 3), timeout=90, what="3 trainers after gang restart")
     assert ops.json("get", "job", "roll-trainer", "-n", ns)["metadata"]["uid"] != job_uid
     assert ops.status(ns, "roll")["restarts"] == 0  # a spec restart is not a failure
-
-
-def test_switching_gang_provider_removes_the_old_gang_objects(ops: Ops, ns: str) -> None:
-    ops.apply(ns, tiny("switch"))
-    wait_for(lambda: ops.running(ns, "trainer", "switch", 2), timeout=90, what="trainers")
-    assert ops.json("get", "workload", "switch-trainer", "-n", ns) is not None
-    job_uid = ops.json("get", "job", "switch-trainer", "-n", ns)["metadata"]["uid"]
-    ops.cluster.kubectl("patch", "rljob", "switch", "-n", ns, "--type=merge", "-p",
-                        '{"spec":{"trainer":{"gangProvider":"none"}}}')  # fmt: skip
-
-    def new_gang() -> bool:
-        pods = ops.running(ns, "trainer", "switch", 2) or []
-        return bool(pods) and all(p["metadata"]["labels"].get(JOB_UID) != job_uid for p in pods)
-
-    wait_for(new_gang, timeout=90, what="the gang recreated without a gang provider")
-    for kind in ("workloads.scheduling.k8s.io", "podgroups.scheduling.k8s.io"):
-        assert ops.json("get", kind, "switch-trainer", "-n", ns) is None, f"{kind} of the old provider left behind"
-    assert ops.status(ns, "switch")["restarts"] == 0
 
 
 def test_delete_cascades(ops: Ops, ns: str) -> None:

@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Build the e2e control plane from the Go module proxy: kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl (Kubernetes 1.36), etcd 3.6, the kwok controller and helm v3.
+# kube-scheduler, kubectl (Kubernetes 1.37 by default; RLJOB_KUBE_VERSION=v1.36.3 for the previous
+# minor, each pinned by its own module under gomod/kubernetes-<minor>), etcd 3.6, the kwok
+# controller and helm v3.
 # Binaries land in a cache directory outside the repo, keyed by versions, and are built only when
 # missing or when what they are built from changed (their pinning module under gomod/, package or
 # ldflags: a stamp beside each binary). Prints the directory holding the binaries as its last line.
 set -euo pipefail
 
-KUBE_VERSION=v1.36.3
+SUPPORTED_KUBE_VERSIONS=(v1.37.2 v1.36.3)
+KUBE_VERSION=${RLJOB_KUBE_VERSION:-${SUPPORTED_KUBE_VERSIONS[0]}}
+if [[ ! " ${SUPPORTED_KUBE_VERSIONS[*]} " =~ " $KUBE_VERSION " ]]; then
+  echo "RLJOB_KUBE_VERSION=$KUBE_VERSION is not pinned here; choose one of: ${SUPPORTED_KUBE_VERSIONS[*]}" >&2
+  exit 2
+fi
 ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0
@@ -56,6 +63,7 @@ build() {
 }
 
 minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
+kube_module="kubernetes-v1.$minor"
 kube_ldflags=""
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   kube_ldflags+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
@@ -64,10 +72,10 @@ done
 
 total_start=$SECONDS
 build etcd etcd . ""
-build kube-apiserver kubernetes k8s.io/kubernetes/cmd/kube-apiserver "$kube_ldflags"
-build kube-controller-manager kubernetes k8s.io/kubernetes/cmd/kube-controller-manager "$kube_ldflags"
-build kube-scheduler kubernetes k8s.io/kubernetes/cmd/kube-scheduler "$kube_ldflags"
-build kubectl kubernetes k8s.io/kubernetes/cmd/kubectl "$kube_ldflags"
+build kube-apiserver "$kube_module" k8s.io/kubernetes/cmd/kube-apiserver "$kube_ldflags"
+build kube-controller-manager "$kube_module" k8s.io/kubernetes/cmd/kube-controller-manager "$kube_ldflags"
+build kube-scheduler "$kube_module" k8s.io/kubernetes/cmd/kube-scheduler "$kube_ldflags"
+build kubectl "$kube_module" k8s.io/kubernetes/cmd/kubectl "$kube_ldflags"
 build kwok kwok sigs.k8s.io/kwok/cmd/kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
 helm_ldflags="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
 for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,11 +27,13 @@ from pathlib import Path
 from rljob.ports import free_port
 
 HERE = Path(__file__).resolve().parent
-KUBE_VERSION = "v1.36.3"
-# Kubernetes' own gang scheduling: the Workload API (scheduling.k8s.io/v1alpha2) and the
-# scheduler's gang plugin, alpha in 1.35 and 1.36.
-FEATURE_GATES = "GenericWorkload=true,GangScheduling=true"
-RUNTIME_CONFIG = "scheduling.k8s.io/v1alpha2=true"
+# Kubernetes' own gang scheduling (the Workload API and the scheduler's gang plugin) per minor
+# version: the feature gates every component needs, and the API version the server must serve.
+# Beta in 1.37 but, as every new beta API, off by default; alpha in 1.36.
+WORKLOAD_SCHEDULING = {
+    36: ("GenericWorkload=true,GangScheduling=true", "scheduling.k8s.io/v1alpha2=true"),
+    37: ("GenericWorkload=true", "scheduling.k8s.io/v1beta1=true"),
+}
 
 
 @dataclass(frozen=True)
@@ -46,9 +49,19 @@ def log(msg: str) -> None:
     print(f"[cluster {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def build_binaries() -> Path:
-    """Run build.sh (a no-op when the cache is warm) and return the binaries' directory."""
-    result = subprocess.run(["bash", str(HERE / "build.sh")], stdout=subprocess.PIPE, text=True)
+def supported_kube_versions() -> list[str]:
+    """The Kubernetes versions build.sh pins, newest (its default) first."""
+    found = re.search(r"^SUPPORTED_KUBE_VERSIONS=\(([^)]*)\)", (HERE / "build.sh").read_text(), re.MULTILINE)
+    if found is None:
+        raise RuntimeError("e2e/cluster/build.sh names no SUPPORTED_KUBE_VERSIONS")
+    return found.group(1).split()
+
+
+def build_binaries(kube_version: str | None = None) -> Path:
+    """Run build.sh (a no-op when the cache is warm) and return the binaries' directory: for
+    build.sh's default Kubernetes version, or `kube_version` (one build.sh pins)."""
+    env = {**os.environ, "RLJOB_KUBE_VERSION": kube_version} if kube_version else None
+    result = subprocess.run(["bash", str(HERE / "build.sh")], stdout=subprocess.PIPE, text=True, env=env)
     if result.returncode != 0:
         raise RuntimeError(f"e2e/cluster/build.sh failed with exit code {result.returncode}")
     return Path(result.stdout.strip().splitlines()[-1])
@@ -120,6 +133,18 @@ class LocalCluster:
         return self.workdir / "admin.kubeconfig"
 
     @property
+    def kube_version(self) -> str:
+        """The Kubernetes version build.sh built these binaries for (the cache directory's key)."""
+        found = re.match(r"kube-(v\d+\.\d+\.\d+)_", self.bin_dir.name)
+        if found is None:
+            raise ValueError(f"{self.bin_dir} is not a directory e2e/cluster/build.sh made")
+        return found.group(1)
+
+    @property
+    def kube_minor(self) -> int:
+        return int(self.kube_version.split(".")[1])
+
+    @property
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["KUBECONFIG"] = str(self.kubeconfig)
@@ -182,6 +207,7 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         started = time.monotonic()
+        gates, runtime_config = WORKLOAD_SCHEDULING[self.kube_minor]
         pki = self.workdir / "pki"
         make_pki(pki)
         etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
@@ -204,6 +230,9 @@ class LocalCluster:
         self._spawn("kube-apiserver", [
             "kube-apiserver", f"--etcd-servers=http://127.0.0.1:{etcd_port}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={api_port}",
+            # 1.37 refuses a loopback address in the `kubernetes` Service's endpoints; nothing
+            # here reaches the API server through that Service (the operator runs beside it).
+            "--endpoint-reconciler-type=none",
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
             f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
             f"--client-ca-file={pki / 'ca.crt'}",
@@ -216,7 +245,7 @@ class LocalCluster:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             "--service-cluster-ip-range=10.96.0.0/16",
-            f"--feature-gates={FEATURE_GATES}", f"--runtime-config={RUNTIME_CONFIG}",
+            f"--feature-gates={gates}", f"--runtime-config={runtime_config}",
             "--enable-priority-and-fairness=false", "--max-requests-inflight=0",
             "--max-mutating-requests-inflight=0", "--profiling=false",
         ])  # fmt: skip
@@ -229,14 +258,14 @@ class LocalCluster:
             "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
             f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
             f"--root-ca-file={pki / 'ca.crt'}", f"--service-account-private-key-file={pki / 'sa.key'}",
-            "--use-service-account-credentials=true", f"--feature-gates={FEATURE_GATES}",
+            "--use-service-account-credentials=true", f"--feature-gates={gates}",
             "--kube-api-qps=1000", "--kube-api-burst=1000", "--concurrent-gc-syncs=20",
         ])  # fmt: skip
         self._spawn("kube-scheduler", [
             "kube-scheduler", f"--kubeconfig={kubeconfig}", "--leader-elect=false",
             "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
             f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
-            f"--feature-gates={FEATURE_GATES}", "--kube-api-qps=1000", "--kube-api-burst=1000",
+            f"--feature-gates={gates}", "--kube-api-qps=1000", "--kube-api-burst=1000",
         ])  # fmt: skip
         self._spawn("kwok", [
             "kwok", f"--kubeconfig={kubeconfig}", f"--config={self.bin_dir / 'kwok-stages.yaml'}",

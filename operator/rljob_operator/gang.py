@@ -16,18 +16,25 @@ from typing import Any
 from rljob.config import RLJob
 from rljob_operator.names import ChildNames, labels
 
-WORKLOAD_API = "scheduling.k8s.io/v1alpha2"
+WORKLOAD_BETA = "scheduling.k8s.io/v1beta1"  # Kubernetes 1.37
+WORKLOAD_ALPHA = "scheduling.k8s.io/v1alpha2"  # Kubernetes 1.36 (1.35's v1alpha1 is not supported)
+# Kubernetes' own Workload API, newest first: the operator renders the first the cluster serves.
+WORKLOAD_APIS = (WORKLOAD_BETA, WORKLOAD_ALPHA)
 VOLCANO_API = "scheduling.volcano.sh/v1beta1"
 COSCHEDULING_API = "scheduling.x-k8s.io/v1alpha1"
 GANG_TEMPLATE = "trainers"
 
 DEFAULT_SCHEDULERS = {"volcano": "volcano", "coscheduling": "scheduler-plugins-scheduler"}
-# The API group/version each provider needs on the cluster (checked before anything is created).
-PROVIDER_APIS = {"workload": WORKLOAD_API, "volcano": VOLCANO_API, "coscheduling": COSCHEDULING_API}
+# The API group/versions each provider can use, one of which the cluster must serve (checked
+# before anything is created).
+PROVIDER_APIS = {"workload": WORKLOAD_APIS, "volcano": (VOLCANO_API,), "coscheduling": (COSCHEDULING_API,)}
 # Every gang object any provider renders (all named `<job>-trainer`): deleting a gang removes them
 # all, so switching `trainer.gangProvider` leaves none of the previous provider's behind.
-GANG_KINDS = ((WORKLOAD_API, "Workload"), (WORKLOAD_API, "PodGroup"), (VOLCANO_API, "PodGroup"),
-              (COSCHEDULING_API, "PodGroup"))  # fmt: skip
+GANG_KINDS = (
+    *((api, kind) for api in WORKLOAD_APIS for kind in ("Workload", "PodGroup")),
+    (VOLCANO_API, "PodGroup"),
+    (COSCHEDULING_API, "PodGroup"),
+)
 
 
 @dataclass
@@ -52,8 +59,9 @@ def _cpu_millis(cpu: str) -> int:
     return int(float(cpu[:-1])) if cpu.endswith("m") else int(float(cpu) * 1000)
 
 
-def render_gang_objects(job: RLJob) -> list[dict[str, Any]]:
-    """The gang object(s) for the trainer (min member = trainer replicas); none for `none`."""
+def render_gang_objects(job: RLJob, workload_api: str = WORKLOAD_BETA) -> list[dict[str, Any]]:
+    """The gang object(s) for the trainer (min member = trainer replicas); none for `none`.
+    `workload_api` is the Workload API version the cluster serves (one of WORKLOAD_APIS)."""
     spec = job.spec.trainer
     names = ChildNames(job.metadata.name, job.metadata.namespace)
     meta = {"name": names.trainer, "namespace": names.namespace, "labels": labels(names.job, "trainer")}
@@ -61,7 +69,7 @@ def render_gang_objects(job: RLJob) -> list[dict[str, Any]]:
     if spec.gang_provider == "workload":
         gang = {"gang": {"minCount": n}}
         workload = {
-            "apiVersion": WORKLOAD_API,
+            "apiVersion": workload_api,
             "kind": "Workload",
             "metadata": meta,
             "spec": {
@@ -70,15 +78,10 @@ def render_gang_objects(job: RLJob) -> list[dict[str, Any]]:
             },
         }
         pod_group = {
-            "apiVersion": WORKLOAD_API,
+            "apiVersion": workload_api,
             "kind": "PodGroup",
             "metadata": meta,
-            "spec": {
-                "podGroupTemplateRef": {
-                    "workload": {"workloadName": names.trainer, "podGroupTemplateName": GANG_TEMPLATE}
-                },
-                "schedulingPolicy": gang,
-            },
+            "spec": {**workload_reference(workload_api, names.trainer), "schedulingPolicy": gang},
         }
         return [workload, pod_group]
     if spec.gang_provider == "volcano":
@@ -104,6 +107,21 @@ def render_gang_objects(job: RLJob) -> list[dict[str, Any]]:
             }
         ]
     return []
+
+
+def workload_reference(workload_api: str, workload: str) -> dict[str, Any]:
+    """How a PodGroup names its Workload's template: the one field the two versions spell apart."""
+    if workload_api == WORKLOAD_ALPHA:
+        return {"podGroupTemplateRef": {"workload": {"workloadName": workload, "podGroupTemplateName": GANG_TEMPLATE}}}
+    return {"workloadRef": {"workloadName": workload, "templateName": GANG_TEMPLATE}}
+
+
+def referenced_workload(pod_group: dict[str, Any]) -> str | None:
+    """The Workload a rendered PodGroup names, in either version's spelling."""
+    spec = pod_group.get("spec", {})
+    if "workloadRef" in spec:
+        return spec["workloadRef"].get("workloadName")
+    return spec.get("podGroupTemplateRef", {}).get("workload", {}).get("workloadName")
 
 
 def pod_gang_fields(job: RLJob) -> PodGangFields:

@@ -24,7 +24,7 @@ from rljob.protocol import TrainerMetrics
 from rljob_operator import metrics as prom
 from rljob_operator.api import RLJobStatus
 from rljob_operator.autoscale import desired_replicas, read_backlog
-from rljob_operator.gang import GANG_KINDS, PROVIDER_APIS
+from rljob_operator.gang import GANG_KINDS, PROVIDER_APIS, WORKLOAD_APIS, referenced_workload
 from rljob_operator.kube import RLJOB_API, ApiError, Kube
 from rljob_operator.names import ChildNames
 from rljob_operator.render import (
@@ -208,6 +208,7 @@ class Reconciler:
             trainers_suspended=job.spec.suspend,
             operator_namespace=self.settings.namespace,
             keda_namespace=self.settings.keda_namespace,
+            workload_api=self._workload_api(),
         )
         children = render_children(job, plan)
         trainer = [c for c in children if c["kind"] in TRAINER_KINDS]
@@ -294,7 +295,7 @@ class Reconciler:
         not change: it is checked only once its Workload exists (else by the apply itself)."""
         out = []
         for manifest in trainer:
-            ref = manifest.get("spec", {}).get("podGroupTemplateRef", {}).get("workload", {}).get("workloadName")
+            ref = referenced_workload(manifest) if manifest["kind"] == "PodGroup" else None
             ns = manifest["metadata"]["namespace"]
             if ref and self.kube.get(manifest["apiVersion"], "Workload", ns, ref) is None:
                 continue
@@ -343,13 +344,19 @@ class Reconciler:
         self._api_cache[api_version] = (ok, time.time())
         return ok
 
+    def _workload_api(self) -> str:
+        """The newest Workload API version the cluster serves (the oldest if it serves none: a
+        job that needs one is stopped by the preflight check before anything is rendered)."""
+        return next((api for api in WORKLOAD_APIS if self._api_available(api)), WORKLOAD_APIS[-1])
+
     def _preflight(self, job: RLJob) -> tuple[str | None, str]:
         """Checks the schema cannot make; on failure nothing is created (no half-built job)."""
         ns = job.metadata.namespace
         provider = job.spec.trainer.gang_provider
-        api = PROVIDER_APIS.get(provider)
-        if api and not self._api_available(api):
-            return "GangProviderUnavailable", f"trainer.gangProvider {provider} needs {api}, which this cluster lacks"
+        apis = PROVIDER_APIS.get(provider, ())
+        if apis and not any(self._api_available(api) for api in apis):
+            needs = " or ".join(apis)
+            return "GangProviderUnavailable", f"trainer.gangProvider {provider} needs {needs}, which this cluster lacks"
         if job.spec.rollout.autoscaler == "keda" and not self._api_available(KEDA_API):
             return "KedaUnavailable", f"rollout.autoscaler keda needs {KEDA_API} (install KEDA)"
         secret = job.spec.weight_sync.redis.password_secret

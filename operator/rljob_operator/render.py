@@ -17,7 +17,7 @@ import yaml
 
 from rljob.config import API_GROUP, API_VERSION, KIND, RLJob
 from rljob.keys import ROLLOUT_GROUP, JobKeys
-from rljob_operator.gang import pod_gang_fields, render_gang_objects
+from rljob_operator.gang import WORKLOAD_BETA, pod_gang_fields, render_gang_objects
 from rljob_operator.names import (
     ANNOTATION_CONFIG_HASH,
     ANNOTATION_TRAINER_HASH,
@@ -53,6 +53,7 @@ class RenderPlan:
     trainers_suspended: bool = False
     operator_namespace: str = "rljob-system"
     keda_namespace: str = "keda"
+    workload_api: str = WORKLOAD_BETA  # the Workload API version discovery found served
 
 
 def owner_reference(job: RLJob, uid: str) -> dict[str, Any]:
@@ -424,7 +425,7 @@ def render_trainer_job(job: RLJob, plan: RenderPlan) -> Manifest:
 
 
 def render_gang(job: RLJob, plan: RenderPlan) -> list[Manifest]:
-    out = render_gang_objects(job)
+    out = render_gang_objects(job, plan.workload_api)
     for obj in out:
         obj["metadata"]["ownerReferences"] = [owner_reference(job, plan.uid)]
     return out
