@@ -110,7 +110,10 @@ export PYTHONPATH="$repo/workers:$repo/operator${PYTHONPATH:+:$PYTHONPATH}"
 
 if [[ $want_cluster -eq 1 ]]; then
   command -v go >/dev/null || { log "e2e needs Go (https://go.dev/dl) to build the control plane"; exit 1; }
-  bash "$repo/e2e/cluster/build.sh" >/dev/null
+  # Every Kubernetes version build.sh pins: the e2e tier runs on the newest, its gang tests on each.
+  for kube_version in $(sed -n 's/^SUPPORTED_KUBE_VERSIONS=(\(.*\))$/\1/p' "$repo/e2e/cluster/build.sh"); do
+    RLJOB_KUBE_VERSION=$kube_version bash "$repo/e2e/cluster/build.sh" >/dev/null
+  done
 fi
 export PATH="$RLJOB_VENV/bin:$PATH"
 log "ready"
