@@ -2,7 +2,7 @@
 # Build the e2e control plane from the Go module proxy: kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl (Kubernetes 1.37 by default; RLJOB_KUBE_VERSION=v1.36.3 for the previous
 # minor, each pinned by its own module under gomod/kubernetes-<minor>), etcd 3.6, the kwok
-# controller and helm v3.
+# controller, helm v3 and Kueue's manager (with its CRDs and webhook configurations).
 # Binaries land in a cache directory outside the repo, keyed by versions, and are built only when
 # missing or when what they are built from changed (their pinning module under gomod/, package or
 # ldflags: a stamp beside each binary). Prints the directory holding the binaries as its last line.
@@ -18,6 +18,7 @@ ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0
 KEDA_VERSION=v2.16.1
+KUEUE_VERSION=v0.17.0
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache_root="${RLJOB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rljob}"
@@ -111,6 +112,24 @@ if [[ ! -s "$keda_crds" ]]; then
   } > "$keda_crds.tmp"
   mv "$keda_crds.tmp" "$keda_crds"
   log "KEDA $KEDA_VERSION CRDs written"
+fi
+# Kueue's manager, and its CRDs and webhook configurations from the same module (the tests that
+# submit RLJobs through Kueue run it beside the control plane: e2e/kueue.py).
+# Only on the default Kubernetes version, the one the whole e2e tier runs on.
+if [[ $KUBE_VERSION == "${SUPPORTED_KUBE_VERSIONS[0]}" ]]; then
+  build kueue kueue sigs.k8s.io/kueue/cmd/kueue "-X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION"
+fi
+kueue_key="$(key_of kueue manifests)"
+if [[ $KUBE_VERSION == "${SUPPORTED_KUBE_VERSIONS[0]}" ]] && ! fresh kueue-manifests.yaml "$kueue_key"; then
+  kueue_dir="$(cd "$here/gomod/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
+  {
+    for f in "$kueue_dir"/config/components/crd/bases/*.yaml "$kueue_dir/config/components/webhook/manifests.yaml"; do
+      echo "---"; cat "$f"
+    done
+  } > "$bin_dir/kueue-manifests.yaml.tmp"
+  mv "$bin_dir/kueue-manifests.yaml.tmp" "$bin_dir/kueue-manifests.yaml"
+  echo "$kueue_key" > "$bin_dir/kueue-manifests.yaml.key"
+  log "Kueue $KUEUE_VERSION CRDs and webhooks written"
 fi
 log "all binaries ready in $((SECONDS - total_start))s"
 echo "$bin_dir"
