@@ -1,10 +1,11 @@
-"""The Kueue harness (e2e/kueue.py) is real: its manager admits queued batch Jobs against a
-ClusterQueue's quota through its webhooks on loopback, all or nothing, and says why a Job waits.
-(The RLJob's own Kueue integration, issue 25, builds on this.)"""
+"""RLJobs through Kueue (`spec.queueName`), with Kueue's real manager (e2e/kueue.py): a trainer gang
+is admitted whole within its ClusterQueue's quota or waits, with no pod, saying why in the RLJob's
+status. The first tests prove the harness itself on plain batch Jobs."""
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 
 from kueue import QUEUED_NAMESPACE_LABEL, running_kueue
 from localcluster import LocalCluster, wait_for
+from ops import Ops, operator_session, tiny
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -120,3 +122,56 @@ def test_a_job_larger_than_its_quota_is_never_admitted_and_says_so(kueue: LocalC
     message = reservation(kueue, queue, "huge")["message"]
     assert "nvidia.com/gpu" in message, message
     assert pods_of(kueue, queue, "huge") == []
+
+
+@pytest.fixture(scope="module")
+def ops(kueue: LocalCluster, tmp_path_factory) -> Iterator[Ops]:
+    with operator_session(kueue, tmp_path_factory.mktemp("operator") / "operator.log") as ops:
+        yield ops
+
+
+def gang_of_gpus(name: str, members: int) -> dict[str, Any]:
+    """examples/rljob-tiny.yaml with a trainer gang of `members` x 1 GPU, queued on `team`."""
+    trainer = {"replicas": members, "resources": {"cpu": "1", "memory": "1Gi", "gpus": 1}}
+    return tiny(name, queueName="team", trainer=trainer)
+
+
+def test_two_rljobs_on_an_8_gpu_queue_run_one_after_the_other(ops: Ops, queue: str) -> None:
+    ops.apply(queue, gang_of_gpus("first", 8))
+    wait_for(lambda: ops.running(queue, "trainer", "first", 8), timeout=120, what="the first gang Running")
+    ops.wait_phase(queue, "first", "Running", timeout=60)
+    ops.apply(queue, gang_of_gpus("second", 8))
+    ops.wait_phase(queue, "second", "Queued", timeout=60)
+    trainers = ops.condition(queue, "second", "TrainersReady")
+    assert trainers["reason"] == "Queued", trainers
+    assert "LocalQueue team" in trainers["message"] and "insufficient unused quota" in trainers["message"]
+    # While it waits, not one of its trainer pods exists (its rollout pool, CPU only, runs).
+    for _ in range(10):
+        assert ops.pods(queue, "trainer", "second") == []
+        time.sleep(1)
+    assert ops.status(queue, "second")["phase"] == "Queued"
+    # Each rollout pod went through Kueue too: a Workload of its own, admitted within the quota.
+    (worker,) = wait_for(lambda: ops.running(queue, "rollout", "second", 1), timeout=60, what="second's rollout pod")
+    assert worker["metadata"]["labels"][QUEUE_LABEL] == "team"
+    (admitted,) = [
+        wl
+        for wl in kubectl_json(ops.cluster, "get", "workloads.kueue.x-k8s.io", "-n", queue)["items"]
+        if any(ref["name"] == worker["metadata"]["name"] for ref in wl["metadata"].get("ownerReferences", []))
+    ]
+    assert any(c["type"] == "Admitted" and c["status"] == "True" for c in admitted["status"]["conditions"])
+    ops.cluster.kubectl("delete", "rljob", "first", "-n", queue, "--wait=false")
+    wait_for(lambda: ops.running(queue, "trainer", "second", 8), timeout=180, what="the second gang admitted")
+    ops.wait_phase(queue, "second", "Running", timeout=60)
+
+
+def test_a_gang_larger_than_its_queue_is_reported(ops: Ops, queue: str) -> None:
+    ops.apply(queue, gang_of_gpus("huge", 16))
+    wait_for(
+        lambda: ops.condition(queue, "huge", "TrainersReady").get("reason") == "QuotaExceedsQueue",
+        timeout=60,
+        what="QuotaExceedsQueue",
+    )
+    message = ops.condition(queue, "huge", "TrainersReady")["message"]
+    assert "can never fit" in message and "maximum capacity (8)" in message, message
+    assert ops.status(queue, "huge")["phase"] == "Queued"
+    assert ops.pods(queue, "trainer", "huge") == []

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from rljob.config import ApiModel
 
-Phase = Literal["Pending", "Initializing", "Running", "Succeeded", "Failed", "Suspended"]
+Phase = Literal["Pending", "Queued", "Initializing", "Running", "Succeeded", "Failed", "Suspended"]
 
 CONDITION_TYPES = (
     "Ready",
@@ -40,7 +40,13 @@ class Condition(ApiModel):
 class RLJobStatus(ApiModel):
     """Observed state of an RL training job."""
 
-    phase: Phase | None = Field(None, description="Pending, Initializing, Running, Succeeded, Failed or Suspended.")
+    phase: Phase | None = Field(
+        None,
+        description=(
+            "Pending, Queued (Kueue has not admitted the trainer gang), Initializing, Running, Succeeded, Failed "
+            "or Suspended."
+        ),
+    )
     conditions: list[Condition] = Field(default_factory=list, description="Latest observations of the job's state.")
     observed_generation: int | None = Field(None, description="The .metadata.generation last reconciled.")
     step: int | None = Field(None, description="Optimiser steps finished.")

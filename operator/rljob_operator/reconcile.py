@@ -26,6 +26,7 @@ from rljob_operator.api import RLJobStatus
 from rljob_operator.autoscale import desired_replicas, read_backlog
 from rljob_operator.gang import GANG_KINDS, PROVIDER_APIS, WORKLOAD_APIS, referenced_workload
 from rljob_operator.kube import RLJOB_API, ApiError, Kube
+from rljob_operator.kueue import JOB_UID_LABEL, KUEUE_APIS, quota_reservation
 from rljob_operator.names import ChildNames
 from rljob_operator.render import (
     KEDA_API,
@@ -54,7 +55,13 @@ from rljob_operator.status import (
     rollouts_forced_off,
 )
 
-PREFLIGHT_REASONS = ("GangProviderUnavailable", "KedaUnavailable", "RedisSecretNotFound", "VolumeClaimNotFound")
+PREFLIGHT_REASONS = (
+    "GangProviderUnavailable",
+    "KueueUnavailable",
+    "KedaUnavailable",
+    "RedisSecretNotFound",
+    "VolumeClaimNotFound",
+)
 TRAINER_KINDS = ("Job", "Workload", "PodGroup")
 EventFn = Callable[[dict[str, Any], str, str, str], None]
 
@@ -174,6 +181,7 @@ class Reconciler:
         obs.trainer_job = self.kube.get("batch/v1", "Job", ns, names.trainer)
         obs.trainer_pods = self.kube.list("v1", "Pod", ns, f"rljob.dev/job={name},rljob.dev/role=trainer")
         obs.rollout = self.kube.get("apps/v1", "Deployment", ns, names.rollout)
+        obs.quota_reservation = self._quota_reservation(job, obs.trainer_job)
         if managed:
             obs.redis = self.kube.get("apps/v1", "StatefulSet", ns, names.redis)
         decision = decide_trainer(job, prev, obs, now, self.settings.restart_backoff)
@@ -344,6 +352,22 @@ class Reconciler:
         self._api_cache[api_version] = (ok, time.time())
         return ok
 
+    def _kueue_api(self) -> str | None:
+        return next((api for api in KUEUE_APIS if self._api_available(api)), None)
+
+    def _quota_reservation(self, job: RLJob, trainer_job: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Kueue's QuotaReserved condition for a queued trainer Job it has not admitted yet (one
+        list of the namespace's Kueue Workloads by the Job's UID; none once the Job runs)."""
+        if not job.spec.queue_name or trainer_job is None or not trainer_job["spec"].get("suspend"):
+            return None
+        api = self._kueue_api()
+        if api is None:
+            return None
+        found = self.kube.list(
+            api, "Workload", job.metadata.namespace, f"{JOB_UID_LABEL}={trainer_job['metadata']['uid']}"
+        )
+        return quota_reservation(found[0]) if found else None
+
     def _workload_api(self) -> str:
         """The newest Workload API version the cluster serves (the oldest if it serves none: a
         job that needs one is stopped by the preflight check before anything is rendered)."""
@@ -357,6 +381,11 @@ class Reconciler:
         if apis and not any(self._api_available(api) for api in apis):
             needs = " or ".join(apis)
             return "GangProviderUnavailable", f"trainer.gangProvider {provider} needs {needs}, which this cluster lacks"
+        if job.spec.queue_name and self._kueue_api() is None:
+            return (
+                "KueueUnavailable",
+                f"spec.queueName needs Kueue ({' or '.join(KUEUE_APIS)}), which this cluster lacks",
+            )
         if job.spec.rollout.autoscaler == "keda" and not self._api_available(KEDA_API):
             return "KedaUnavailable", f"rollout.autoscaler keda needs {KEDA_API} (install KEDA)"
         secret = job.spec.weight_sync.redis.password_secret

@@ -18,6 +18,7 @@ import yaml
 from rljob.config import API_GROUP, API_VERSION, KIND, RLJob
 from rljob.keys import ROLLOUT_GROUP, JobKeys
 from rljob_operator.gang import WORKLOAD_BETA, pod_gang_fields, render_gang_objects
+from rljob_operator.kueue import queue_labels
 from rljob_operator.names import (
     ANNOTATION_CONFIG_HASH,
     ANNOTATION_TRAINER_HASH,
@@ -349,7 +350,8 @@ def render_rollout_deployment(job: RLJob, plan: RenderPlan) -> Manifest:
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
         "template": {
             "metadata": {
-                "labels": labels(names.job, "rollout"),
+                # The queue's label on the pods too, as Kueue's webhook would put it there.
+                "labels": {**labels(names.job, "rollout"), **queue_labels(job)},
                 "annotations": {ANNOTATION_CONFIG_HASH: rollout_hash(job)},
             },
             "spec": pod_spec,
@@ -357,12 +359,9 @@ def render_rollout_deployment(job: RLJob, plan: RenderPlan) -> Manifest:
     }
     if job.spec.rollout.autoscaler == "operator" or plan.rollout_replicas == 0:
         spec["replicas"] = plan.rollout_replicas
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _meta(job, names.rollout, "rollout", plan.uid),
-        "spec": spec,
-    }
+    meta = _meta(job, names.rollout, "rollout", plan.uid)
+    meta["labels"].update(queue_labels(job))
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": spec}
 
 
 def render_trainer_service(job: RLJob, plan: RenderPlan) -> Manifest:
@@ -408,20 +407,19 @@ def render_trainer_job(job: RLJob, plan: RenderPlan) -> Manifest:
     template_labels = {**labels(names.job, "trainer"), **gang.labels}
     th = trainer_hash(job)
     annotations = {ANNOTATION_TRAINER_HASH: th, **gang.annotations}
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": _meta(job, names.trainer, "trainer", plan.uid, annotations={ANNOTATION_TRAINER_HASH: th}),
-        "spec": {
-            "completionMode": "Indexed",
-            "completions": n,
-            "parallelism": n,
-            "backoffLimit": 0,
-            "podReplacementPolicy": "Failed",
-            "suspend": plan.trainers_suspended,
-            "template": {"metadata": {"labels": template_labels, "annotations": annotations}, "spec": pod_spec},
-        },
+    meta = _meta(job, names.trainer, "trainer", plan.uid, annotations={ANNOTATION_TRAINER_HASH: th})
+    meta["labels"].update(queue_labels(job))
+    spec: dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": n,
+        "parallelism": n,
+        "backoffLimit": 0,
+        "podReplacementPolicy": "Failed",
+        "template": {"metadata": {"labels": template_labels, "annotations": annotations}, "spec": pod_spec},
     }
+    if not job.spec.queue_name:  # a queued Job's suspend is Kueue's (rljob_operator/kueue.py)
+        spec["suspend"] = plan.trainers_suspended
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}
 
 
 def render_gang(job: RLJob, plan: RenderPlan) -> list[Manifest]:

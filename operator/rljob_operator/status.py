@@ -12,6 +12,7 @@ from typing import Any, Literal
 from rljob.config import RLJob
 from rljob.protocol import TrainerMetrics
 from rljob_operator.api import Condition, RLJobStatus
+from rljob_operator.kueue import queued
 from rljob_operator.names import ANNOTATION_TRAINER_HASH
 from rljob_operator.render import trainer_hash
 
@@ -42,6 +43,7 @@ class Observed:
     external_redis: bool = False
     preflight_reason: str | None = None
     preflight_message: str = ""
+    quota_reservation: dict[str, Any] | None = None  # Kueue's QuotaReserved on the trainer's Workload
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,10 @@ def decide_trainer(
         # failure: judged against the new spec (more replicas, say) it would look like one.
         if tj["metadata"].get("annotations", {}).get(ANNOTATION_TRAINER_HASH) != trainer_hash(job):
             return TrainerDecision("delete", "SpecChanged", "trainer inputs changed: restarting the gang")
+        if job.spec.suspend and job.spec.queue_name:
+            # Kueue resumes a suspended Job it has admitted: a queued gang is deleted instead,
+            # which also gives its quota back; resuming queues a new one.
+            return TrainerDecision("delete", "Suspended", "spec.suspend is true: the queued gang is deleted")
         spec = job.spec.trainer
         failure = gang_failure(tj, obs.trainer_pods, spec.replicas, spec.schedule_timeout_seconds, now)
         if failure:
@@ -155,6 +161,8 @@ def decide_trainer(
                 )
             return TrainerDecision("restart", failure[0], failure[1], uid)
         return TrainerDecision("apply")
+    if job.spec.suspend and job.spec.queue_name:
+        return TrainerDecision("wait", "Suspended", "spec.suspend is true: no gang is queued")
     last = parse_time(prev.last_restart_time)
     if last is not None and now < last + backoff(prev.restarts):
         wait = int(last + backoff(prev.restarts) - now) + 1
@@ -172,7 +180,7 @@ def preflight_outcome(reason: str, gang_exists: bool) -> PreflightOutcome:
     job fails when its gang provider is missing, and waits for objects that may yet appear."""
     if gang_exists:
         return "hold"
-    return "fail" if reason == "GangProviderUnavailable" else "pending"
+    return "fail" if reason in ("GangProviderUnavailable", "KueueUnavailable") else "pending"
 
 
 def set_condition(
@@ -273,6 +281,7 @@ def compute_status(
 
     replicas = job.spec.trainer.replicas
     running = running_members(obs.trainer_job, obs.trainer_pods)
+    waiting = queued(job, obs.trainer_job, obs.quota_reservation) if decision.action == "apply" else None
     ready_rollouts = _set_rollouts(st, obs.rollout, rollout_desired)
 
     if decision.action == "fail" or prev.phase == "Failed":
@@ -283,6 +292,8 @@ def compute_status(
         phase = "Pending"
     elif job.spec.suspend:
         phase = "Suspended"
+    elif waiting:
+        phase = "Queued"
     elif decision.action in ("restart", "delete", "wait"):
         phase = "Pending"  # the gang is being replaced (failure, spec change) or waits for a backoff
     elif obs.trainer_job is not None and running == replicas:
@@ -305,6 +316,8 @@ def compute_status(
         trainers = (False, "Completed", "the trainer gang finished")
     elif phase == "Suspended":
         trainers = (False, "Suspended", "spec.suspend is true: trainer pods deleted, state kept")
+    elif waiting:
+        trainers = (False, *waiting)
     elif decision.reason:
         trainers = (False, decision.reason, decision.message)
     elif running == replicas and obs.trainer_job is not None:

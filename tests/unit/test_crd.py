@@ -68,7 +68,8 @@ def test_status_and_printer_columns() -> None:
     for name in ("Phase", "Step", "Reward", "EM", "Version", "Rollouts", "Age"):
         assert name in columns
     status = _schema()["properties"]["status"]["properties"]
-    assert status["phase"]["enum"] == ["Pending", "Initializing", "Running", "Succeeded", "Failed", "Suspended"]
+    phases = ["Pending", "Queued", "Initializing", "Running", "Succeeded", "Failed", "Suspended"]
+    assert status["phase"]["enum"] == phases
     cond = status["conditions"]["items"]["properties"]
     assert {"type", "status", "reason", "message", "lastTransitionTime", "observedGeneration"} <= set(cond)
     for node_path, node in _walk(_schema()["properties"]["status"]):

@@ -428,6 +428,17 @@ class RLJobSpec(ApiModel):
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
     warmup: WarmupSpec = Field(default_factory=WarmupSpec)
+    queue_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description=(
+            "Kueue LocalQueue (in this namespace) that admits the trainer gang (whole or not at all) and the "
+            "rollout pods (each on its own); they carry its name as label kueue.x-k8s.io/queue-name. "
+            "Unset: not queued. Immutable."
+        ),
+    )
     suspend: bool = Field(False, description="Delete pods but keep state; resume by setting false.")
     restart_limit: int = Field(3, ge=0, le=1000, description="Gang restarts allowed before the job fails.")
     ttl_seconds_after_finished: int | None = Field(
@@ -437,6 +448,12 @@ class RLJobSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
+                cel(
+                    "has(self.queueName) == has(oldSelf.queueName)"
+                    " && (!has(self.queueName) || self.queueName == oldSelf.queueName)",
+                    "spec.queueName is immutable: a queued gang cannot move between queues; create a new RLJob",
+                    ".queueName",
+                ),
                 cel(
                     "!has(self.eval) || !has(self.eval.split) || self.eval.split != 'validation'"
                     " || (has(self.data) && has(self.data.validationQuestions) && self.data.validationQuestions > 0)",
