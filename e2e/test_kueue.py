@@ -72,6 +72,9 @@ def queue(kueue: LocalCluster) -> Iterator[str]:
         },
     )
     yield ns
+    # The jobs go while the operator and Kueue still run (Kueue's finalizers need its manager);
+    # their pods follow in the background.
+    kueue.kubectl("delete", "rljobs", "--all", "-n", ns, "--timeout=60s", check=False, timeout=90)
     kueue.kubectl("delete", "namespace", ns, "--wait=false", check=False)
     kueue.kubectl("delete", "clusterqueue", ns, "--wait=false", check=False)
 
