@@ -115,3 +115,35 @@ def test_suspending_a_queued_job_deletes_its_gang_and_queues_none() -> None:
     assert (none.action, none.reason) == ("wait", "Suspended")
     st = compute_status(job, 1, RLJobStatus(), Observed(), none, 0, None, None, NOW)
     assert st.phase == "Suspended"
+
+
+class Discovery:
+    """Only the API server's discovery answers, for the preflight checks (the rest of the
+    Reconciler's Kube is never called here); e2e/test_kueue.py runs them against a real one."""
+
+    def __init__(self, served: set[str]) -> None:
+        self.served = served
+
+    def api_available(self, api_version: str) -> bool:
+        return api_version in self.served
+
+
+def preflight(served: set[str], **spec: Any) -> tuple[str | None, str]:
+    import logging
+
+    from rljob_operator.reconcile import Reconciler
+    from rljob_operator.settings import OperatorSettings
+
+    settings = OperatorSettings("rljob-system", "keda", 1.0, 1.0, 10.0, redis_timeout_seconds=0.5, metrics_port=0)
+    reconciler = Reconciler(
+        kube=Discovery(served), settings=settings, post_event=lambda *a: None, log=logging.getLogger("t")
+    )  # type: ignore[arg-type]
+    return reconciler._preflight(make(**spec))
+
+
+def test_a_queued_job_on_a_cluster_without_kueue_fails_before_anything_is_built() -> None:
+    beta = {"scheduling.k8s.io/v1beta1"}
+    reason, message = preflight(beta, queueName="team")
+    assert reason == "KueueUnavailable" and "kueue.x-k8s.io/v1beta2" in message
+    assert preflight(beta) == (None, "")
+    assert preflight(beta | {"kueue.x-k8s.io/v1beta1"}, queueName="team") == (None, "")  # an older Kueue

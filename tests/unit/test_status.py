@@ -326,9 +326,11 @@ def test_a_deleted_namesakes_child_is_not_this_jobs() -> None:
 def test_a_failed_preflight_never_fails_a_job_whose_trainers_exist() -> None:
     # Discovery can miss a group right after an API server restart: a job already running is
     # held (Ready=False, checked again), or its trainers would run on under a Failed job.
-    for reason in ("GangProviderUnavailable", "KedaUnavailable", "RedisSecretNotFound", "VolumeClaimNotFound"):
+    reasons = ("GangProviderUnavailable", "KueueUnavailable", "KedaUnavailable", "RedisSecretNotFound")
+    for reason in (*reasons, "VolumeClaimNotFound"):
         assert preflight_outcome(reason, gang_exists=True) == "hold"
     assert preflight_outcome("GangProviderUnavailable", gang_exists=False) == "fail"
+    assert preflight_outcome("KueueUnavailable", gang_exists=False) == "fail"  # else it would run past the queue
     assert preflight_outcome("VolumeClaimNotFound", gang_exists=False) == "pending"
 
 
