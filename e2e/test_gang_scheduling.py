@@ -17,8 +17,6 @@ from ops import JOB_UID, Ops, fail_pod, operator_session, tiny
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
-WORKLOAD_API = {37: "scheduling.k8s.io/v1beta1", 36: "scheduling.k8s.io/v1alpha2"}
-
 
 @pytest.fixture(scope="module", params=["current", "previous"])
 def kube(request) -> LocalCluster:
@@ -46,7 +44,7 @@ def served(ops: Ops, api: str, kind: str, ns: str, name: str) -> dict | None:
 
 
 def test_the_gang_uses_the_workload_api_version_the_cluster_serves(kube: LocalCluster, ops: Ops, ns: str) -> None:
-    api = WORKLOAD_API[kube.kube_minor]
+    api = kube.workload_api
     ops.apply(ns, tiny("wl"))
     trainers = wait_for(lambda: ops.running(ns, "trainer", "wl", 2), timeout=90, what="2 trainers Running")
     workload = served(ops, api, "workloads", ns, "wl-trainer")

@@ -145,6 +145,11 @@ class LocalCluster:
         return int(self.kube_version.split(".")[1])
 
     @property
+    def workload_api(self) -> str:
+        """The Workload API group/version this control plane serves."""
+        return WORKLOAD_SCHEDULING[self.kube_minor][1].removesuffix("=true")
+
+    @property
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["KUBECONFIG"] = str(self.kubeconfig)
