@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from localcluster import LocalCluster, log, wait_for
+from localcluster import LocalCluster, issue_cert, log, wait_for
 from rljob.ports import free_port
 
 KUEUE_NAMESPACE = "kueue-system"
@@ -36,15 +36,9 @@ WEBHOOK_RESOURCES = {("batch", "jobs"), ("", "pods"), ("apps", "deployments")}
 
 def _issue_serving_cert(cluster: LocalCluster, cert_dir: Path) -> None:
     """tls.crt/tls.key for 127.0.0.1, signed by the cluster's CA (controller-runtime's names)."""
-    pki = cluster.workdir / "pki"
     cert_dir.mkdir(parents=True, exist_ok=True)
-    (cert_dir / "ext").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
-    key, csr, crt = cert_dir / "tls.key", cert_dir / "tls.csr", cert_dir / "tls.crt"
-    request = ["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kueue-webhook", "-keyout", key, "-out", csr]
-    sign = ["x509", "-req", "-in", csr, "-CA", pki / "ca.crt", "-CAkey", pki / "ca.key", "-CAcreateserial"]
-    sign += ["-days", "2", "-extfile", cert_dir / "ext", "-out", crt]
-    for args in (request, sign):
-        subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+    ext = "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"
+    issue_cert(cluster.workdir / "pki", cert_dir, "tls", "/CN=kueue-webhook", ext)
 
 
 def _install_metrics_cert(cert_dir: Path) -> None:

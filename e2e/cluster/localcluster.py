@@ -71,24 +71,25 @@ def _openssl(*args: str) -> None:
     subprocess.run(["openssl", *args], check=True, capture_output=True)
 
 
+def issue_cert(pki: Path, out: Path, name: str, subject: str, ext: str) -> None:
+    """`out/<name>.key` and `out/<name>.crt` for `subject`, signed by the CA in `pki`."""
+    (out / f"{name}.ext").write_text(ext)
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
+             "-keyout", str(out / f"{name}.key"), "-out", str(out / f"{name}.csr"))  # fmt: skip
+    _openssl("x509", "-req", "-in", str(out / f"{name}.csr"), "-CA", str(pki / "ca.crt"),
+             "-CAkey", str(pki / "ca.key"), "-CAcreateserial", "-days", "2",
+             "-extfile", str(out / f"{name}.ext"), "-out", str(out / f"{name}.crt"))  # fmt: skip
+
+
 def make_pki(pki: Path) -> None:
     """A CA, the apiserver's serving cert, an admin client cert and the service-account key pair."""
     pki.mkdir(parents=True)
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=rljob-e2e-ca",
              "-keyout", str(pki / "ca.key"), "-out", str(pki / "ca.crt"))  # fmt: skip
-
-    def issue(name: str, subject: str, ext: str) -> None:
-        (pki / f"{name}.ext").write_text(ext)
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
-                 "-keyout", str(pki / f"{name}.key"), "-out", str(pki / f"{name}.csr"))  # fmt: skip
-        _openssl("x509", "-req", "-in", str(pki / f"{name}.csr"), "-CA", str(pki / "ca.crt"),
-                 "-CAkey", str(pki / "ca.key"), "-CAcreateserial", "-days", "2",
-                 "-extfile", str(pki / f"{name}.ext"), "-out", str(pki / f"{name}.crt"))  # fmt: skip
-
-    issue("apiserver", "/CN=kube-apiserver",
-          "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default\n"
-          "extendedKeyUsage=serverAuth\n")  # fmt: skip
-    issue("admin", "/O=system:masters/CN=rljob-e2e-admin", "extendedKeyUsage=clientAuth\n")
+    issue_cert(pki, pki, "apiserver", "/CN=kube-apiserver",
+               "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default\n"
+               "extendedKeyUsage=serverAuth\n")  # fmt: skip
+    issue_cert(pki, pki, "admin", "/O=system:masters/CN=rljob-e2e-admin", "extendedKeyUsage=clientAuth\n")
     _openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
     _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
 
