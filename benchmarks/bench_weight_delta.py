@@ -51,27 +51,16 @@ import torch
 from rljob.embedded_redis import EmbeddedRedis
 from rljob.keys import JobKeys
 from rljob.weights import EncodedDelta, WeightPublisher, WeightReader, store
-from rljob.weights.apply import apply_delta, apply_stream
-from rljob.weights.changes import find_changes, merge_changes
+from rljob.weights.apply import apply_stream
 from rljob.weights.checksum import bf16_bits, format_sum
-from rljob.weights.encoding import encode_changes, encode_delta, from_ordered, to_ordered
+from rljob.weights.codec import from_ordered, to_ordered
 from rljob.weights.parallel import default_threads
 from rljob.weights.reader import verify_checksums
-
-try:
-    from rljob.weights.compiled_apply import wait_until_compiled
-except ImportError:  # a base revision without it (compare_revisions.py --same-script runs this script there)
-
-    def wait_until_compiled(timeout: float | None = None) -> bool:
-        return False
-
 
 DENSITIES = [0.001, 0.005, 0.01, 0.03, 0.10]
 PLAIN_BYTES_PER_CHANGE = 6  # int32 position + bf16 value
 CHUNK_BYTES = 16 * 1024 * 1024
 WEIGHT_THREADS = 1  # threads of each publisher and reader (set from --weight-threads)
-FIND_ON = "auto"  # where delta publishers find changes (set from --find-on)
-CODING = "version"  # one stream per version or per tensor (set from --coding)
 DECODE_TRIES = 3  # decode+apply runs per version, the best kept (set from --decode-tries)
 SOURCES = {
     "fp32": "fp32 tensors holding bf16 values (the publisher casts every version)",
@@ -142,19 +131,6 @@ def nudge(bits: dict[str, np.ndarray], density: float, rng: np.random.Generator)
     return out
 
 
-def overwrite_only_bytes(old: list[np.ndarray], new: list[np.ndarray]) -> int:
-    """Size of the version's one stream with pure overwrite values (no ulp coding)."""
-    found = [find_changes(o, n) for o, n in zip(old, new, strict=True)]
-    merged, numel = merge_changes(found, [o.size for o in old])
-    return encode_changes(merged, numel, overwrite_only=True).nbytes
-
-
-def per_tensor_bytes(old: list[np.ndarray], new: list[np.ndarray]) -> int:
-    """Size of the version had each tensor been coded alone, with its own smallest coding (what
-    format 2 wrote): what the one stream per version gives up in size for speed."""
-    return sum(encode_delta(o, n).nbytes for o, n in zip(old, new, strict=True))
-
-
 def as_tensors(bits: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
     return {n: torch.from_numpy(b.view(np.int16)).view(torch.bfloat16).reshape(shapes[n]) for n, b in bits.items()}
 
@@ -205,25 +181,15 @@ def decode_apply_seconds(
     SHA-256 window check after the last run (not part of decode+apply); and every run's wall time."""
     manifest = store.read_manifests(client, keys, [version])[0][0]
     payload = store.read_payload(client, manifest)
-    # The readers' first dense stream started compiling the apply kernel in the background (numpy
-    # applied it meanwhile, as in a worker): time the steady state, after the compile.
-    wait_until_compiled()
     best_wall = best_cpu = math.inf
     walls: list[float] = []
     for _ in range(DECODE_TRIES):
         targets = {n: t.clone() for n, t in base.items()}
         started, cpu = time.perf_counter(), time.thread_time()
-        if manifest.stream is not None:
-            enc = EncodedDelta.from_meta(manifest.stream, payload)
-            sizes = [math.prod(entry.shape) for entry in manifest.tensors]
-            total, _ = apply_stream([targets[entry.name] for entry in manifest.tensors], sizes, enc)  # one thread
-            assert format_sum(total) == manifest.change_sum
-        else:  # coding "tensor": one stream per changed tensor
-            view = memoryview(payload)
-            for entry in manifest.tensors:
-                if entry.encoding is not None:
-                    enc = EncodedDelta.from_meta(entry.encoding, view[entry.offset : entry.offset + entry.length])
-                    assert format_sum(apply_delta(targets[entry.name], enc)) == entry.change_sum
+        enc = EncodedDelta.from_meta(manifest.stream.model_dump(), payload)
+        sizes = [math.prod(entry.shape) for entry in manifest.tensors]
+        total, _ = apply_stream([targets[entry.name] for entry in manifest.tensors], sizes, enc)  # one thread
+        assert format_sum(total) == manifest.change_sum
         settle(targets)
         walls.append(time.perf_counter() - started)
         best_wall, best_cpu = min(best_wall, walls[-1]), min(best_cpu, time.thread_time() - cpu)
@@ -298,7 +264,6 @@ def record(kind: str, label: str, m: dict, numel: int, full_bytes: int, full: di
         "reader_speedup_1": full[1]["sync_s"] / sync1 if full else None,
         # CPU seconds of this process (publisher + 1 reader; redis-server not counted), same ratio.
         "cpu_speedup_1_reader": full[1]["cpu_s"] / cpu1 if full else None,
-        "encodings": result.encodings,
         "lossless": all(t["lossless"] for t in tries),  # every reader, after every version of the row
         "clean_syncs": all(t["clean"] for t in tries),  # no reader recovered or fell back to a full
     }
@@ -385,11 +350,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu",
                         help="where the trainer's masters and the readers' shadows live (e.g. cuda: the publisher "
                              "then finds changes on the GPU and readers apply on it)")  # fmt: skip
-    parser.add_argument("--coding", choices=["version", "tensor"], default="version",
-                        help="delta coding: one stream per version (default) or each tensor alone")  # fmt: skip
-    parser.add_argument("--find-on", choices=["auto", "host", "tensor"], default="auto",
-                        help="publisher's find pass: auto (GPU weights on the GPU, CPU weights in numpy), host, "
-                             "or tensor (the torch/GPU code path, also on CPU weights)")  # fmt: skip
     parser.add_argument("--weights", choices=sorted(MODELS), default="smollm2",
                         help="smollm2: the real model (cached here); random: its shapes with a seeded random init, "
                              "for machines without the model file")  # fmt: skip
@@ -405,8 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         return made if device.type == "cpu" else {n: t.to(device) for n, t in made.items()}
 
     torch.set_num_threads(args.threads)
-    global WEIGHT_THREADS, FIND_ON, CODING, WEIGHTS, DECODE_TRIES
-    WEIGHT_THREADS, FIND_ON, CODING, WEIGHTS = args.weight_threads, args.find_on, args.coding, args.weights
+    global WEIGHT_THREADS, WEIGHTS, DECODE_TRIES
+    WEIGHT_THREADS, WEIGHTS = args.weight_threads, args.weights
     DECODE_TRIES = 1 if args.quick else args.decode_tries
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     steps = 0 if args.quick else args.steps
@@ -441,8 +401,9 @@ def main(argv: list[str] | None = None) -> int:
         # 1. Real optimizer steps (fp32 masters, the trainer's path).
         if model is not None:
             keys = JobKeys("bench", "adamw")
-            publisher = WeightPublisher(client, keys, rebase_interval=1000, rebase_fraction=4.0, find_on=FIND_ON,
-                                        coding=CODING, chunk_bytes=CHUNK_BYTES, threads=WEIGHT_THREADS)  # fmt: skip
+            publisher = WeightPublisher(
+                client, keys, rebase_interval=1000, rebase_fraction=4.0, chunk_bytes=CHUNK_BYTES, threads=WEIGHT_THREADS
+            )
             full_bytes = publisher.publish(named).payload_bytes
             one, four = Readers(client, keys, shadows[:1]), Readers(client, keys, shadows[1:])
             one.sync()
@@ -462,9 +423,6 @@ def main(argv: list[str] | None = None) -> int:
                 m = publish_and_sync(publisher, named, one, four, keys, client, base, truth)
                 assert m["result"].kind == "delta", m["result"].reason
                 rows.append(record("adamw-1e-6", f"step {step + 1}", m, numel, full_bytes, full, [m]))
-                rows[-1]["per_tensor_bytes_per_changed_value"] = per_tensor_bytes(
-                    [bf16_bits(base[n]) for n in truth], list(truth.values())
-                ) / max(m["result"].changed, 1)
 
         # 2. Synthetic density sweep on the model's bf16 values, published from fp32 (or bf16) tensors.
         sweep_names = list(named)
@@ -486,8 +444,9 @@ def main(argv: list[str] | None = None) -> int:
         sub_shadows = [{n: s[n] for n in sweep_names} for s in shadows]
         while len(sub_shadows) < 5:  # --quick: extra readers only for the slice
             sub_shadows.append({n: shadows[0][n].clone() for n in sweep_names})
-        spub = WeightPublisher(client, skeys, rebase_interval=1000, rebase_fraction=100.0, find_on=FIND_ON,
-                               coding=CODING, chunk_bytes=CHUNK_BYTES, threads=WEIGHT_THREADS)  # fmt: skip
+        spub = WeightPublisher(
+            client, skeys, rebase_interval=1000, rebase_fraction=100.0, chunk_bytes=CHUNK_BYTES, threads=WEIGHT_THREADS
+        )
         sfull = spub.publish(as_source(bits, shapes)).payload_bytes
         full_bytes = full_bytes or sfull
         sone, sfour = Readers(client, skeys, sub_shadows[:1]), Readers(client, skeys, sub_shadows[1:])
@@ -506,14 +465,6 @@ def main(argv: list[str] | None = None) -> int:
                 tries.append(publish_and_sync(spub, as_source(bits, shapes), sone, sfour, skeys, client, base, bits))
             m = tries[-1]
             rows.append(record("synthetic", f"{density * 100:g}%", m, sweep_numel, sfull, sub_full, tries))
-            # Overwrite-only values (no ulp coding), size only.
-            plain_values = overwrite_only_bytes(
-                [bf16_bits(base[n]) for n in sweep_names], [bits[n] for n in sweep_names]
-            )
-            rows[-1]["overwrite_only_bytes_per_changed_value"] = plain_values / max(m["result"].changed, 1)
-            rows[-1]["per_tensor_bytes_per_changed_value"] = per_tensor_bytes(
-                [bf16_bits(base[n]) for n in sweep_names], [bits[n] for n in sweep_names]
-            ) / max(m["result"].changed, 1)
     finally:
         client.close()
         server.close()
@@ -532,9 +483,6 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "max_bytes_per_change_0.5_to_1pct": max(r["bytes_per_changed_value"] for r in at_half_to_one),
         "bytes_per_change_target_2.5_met": all(r["bytes_per_changed_value"] <= 2.5 for r in at_half_to_one),
-        "overwrite_only_bytes_per_change_0.5_to_1pct": max(
-            r["overwrite_only_bytes_per_changed_value"] for r in at_half_to_one
-        ),
         "speedup_vs_full_at_1pct_1_reader": at_one[0]["speedup_1_reader"] if at_one else None,
         "speedup_vs_full_at_1pct_4_readers": at_one[0]["speedup_4_readers"] if at_one else None,
         "speedup_target_20x_met": bool(at_one) and at_one[0]["speedup_1_reader"] >= 20,
@@ -561,8 +509,6 @@ def main(argv: list[str] | None = None) -> int:
         "sweep_source": SOURCES[args.source],
         "full_bytes": full_bytes,
         "device": str(device),
-        "find_on": args.find_on,
-        "coding": args.coding,
         "threads": args.threads,
         "weight_threads": args.weight_threads,
         "reps": reps,

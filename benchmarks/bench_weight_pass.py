@@ -4,10 +4,8 @@ The delta path's floor is the pass that finds the changed bf16 values: cast the 
 bf16 and compare them with the published baseline. This measures, on SmolLM2-135M-Instruct with 1%
 of the values changed: reading the masters and the baseline once (plain sums: the floor), the
 cast alone, the whole find pass (cast, compare, positions, gathers) with
-256K- and 1M-element blocks, on 1 and 2 threads; the same pass in torch (`find_changes_torch`, the
-path GPU trainers take) on the CPU, and on CUDA when there is a GPU; and numpy's nonzero on
-unpacked bits read as uint8 vs bool (the reader's unary decoding); and the pass on two pool
-threads with torch at its default thread count, each pool thread starting an OpenMP team per op
+256K- and 1M-element blocks, on 1 and 2 threads; and the pass on two pool threads with torch
+at its default thread count, each pool thread starting an OpenMP team per op
 or held to one torch thread (`parallel.one_torch_thread_here`). Best of `--reps`. Writes
 docs/results/weight_pass.json.
   python benchmarks/bench_weight_pass.py
@@ -28,7 +26,6 @@ from bench_weight_delta import as_fp32, load_weights, nudge
 from rljob.keys import JobKeys
 from rljob.weights import changes, publisher
 from rljob.weights.checksum import bf16_bits
-from rljob.weights.device_find import device_baseline, find_changes_torch
 from rljob.weights.parallel import TensorPool
 
 
@@ -67,7 +64,7 @@ def main() -> None:
     # A real publisher, used only for its cast-and-find helpers: it never talks to Redis here
     # (redis-py connects on first use).
     pub = publisher.WeightPublisher(redis.Redis(), JobKeys("bench", "pass"), rebase_interval=1, rebase_fraction=1.0,
-                                    chunk_bytes=1 << 20, find_on="host", threads=1)  # fmt: skip
+                                    chunk_bytes=1 << 20, threads=1)  # fmt: skip
     summary: dict = {"numel": sum(b.size for b in bits.values()), "density": 0.01, "reps": args.reps,
                      "model": bench_weight_delta.MODELS[args.weights], "rows": []}  # fmt: skip
 
@@ -123,31 +120,6 @@ def main() -> None:
     progress(f"one torch thread per pool thread: x{ratio:.2f}")
     torch.set_num_threads(1)
 
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    for device in devices:
-        on = {name: t.to(device) for name, t in source.items()}
-        mirrors: dict[str, torch.Tensor] = {}
-
-        def reset_mirrors(device=device, mirrors=mirrors) -> None:
-            mirrors.update({name: device_baseline(b, torch.device(device)) for name, b in bits.items()})
-
-        def torch_pass(on=on, mirrors=mirrors, device=device) -> None:
-            for name in order:
-                find_changes_torch(mirrors[name], on[name])
-            if device == "cuda":
-                torch.cuda.synchronize()
-
-        seconds = best_of(args.reps, torch_pass, reset_mirrors)
-        summary["rows"].append({"threads": 1, "block": "torch", "device": device, "find_s": seconds})
-        progress(f"torch find pass (the GPU path) on {device}: {seconds * 1e3:.1f} ms")
-        del on, mirrors
-
-    packed = np.packbits(np.random.default_rng(1).random(8_000_000) < 0.5)
-    as_uint8 = best_of(10, lambda: np.flatnonzero(np.unpackbits(packed)))
-    as_bool = best_of(10, lambda: np.flatnonzero(np.unpackbits(packed).view(np.bool_)))
-    summary["nonzero_8M_unpacked_bits"] = {"uint8_s": as_uint8, "bool_s": as_bool, "speedup": as_uint8 / as_bool}
-    progress(f"nonzero of 8M unpacked bits: uint8 {as_uint8 * 1e3:.1f} ms, bool {as_bool * 1e3:.1f} ms "
-             f"({as_uint8 / as_bool:.1f}x)")  # fmt: skip
     finish("weight_pass", summary, args.results)
 
 

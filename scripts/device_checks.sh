@@ -32,8 +32,8 @@ step() { echo; echo "=== $* ($(date +%T))"; "$@" || { echo "=== FAILED: $*"; sta
 
 step nvidia-smi -L
 step "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
-# The CUDA find pass and its fallbacks, then the store's other unit tests on this machine's CPU.
-step "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_weight_device_find.py tests/unit/test_weight_stream.py \
+# The store's unit tests, including the device-memory apply path, on this machine.
+step "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_weight_codec.py tests/unit/test_weight_stream.py \
   tests/unit/test_weight_parallel.py
 step "$PY" benchmarks/bench_weight_pass.py --weights random --results "$OUT"
 step "$PY" benchmarks/bench_weight_delta.py --weights random --device "$DEVICE" --out "$OUT/weight_delta_$DEVICE"

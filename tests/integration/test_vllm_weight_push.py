@@ -80,7 +80,6 @@ class FakeLLM:
 def _vllm_environment(monkeypatch):
     """Whatever a test sets in vLLM's environment is undone after it."""
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
-    monkeypatch.delenv("RLJOB_COMPILED_APPLY", raising=False)
 
 
 def fake_vllm_module(monkeypatch, version: str, built: list[dict[str, Any]]) -> None:
@@ -91,7 +90,6 @@ def fake_vllm_module(monkeypatch, version: str, built: list[dict[str, Any]]) -> 
             {
                 **kwargs,
                 "env": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"),
-                "compiled_apply": os.environ.get("RLJOB_COMPILED_APPLY"),
             }
         )
         return SimpleNamespace(get_tokenizer=lambda: None)
@@ -188,6 +186,5 @@ def test_the_engine_runs_vllm_in_process_and_asks_for_sampled_logprobs_where_vll
     engine = VLLMEngine(ModelSpec(name="m"), tensor_parallel_size=2)
     (kwargs,) = built
     assert kwargs["env"] == "0" and kwargs["tensor_parallel_size"] == 2
-    assert kwargs["compiled_apply"] == "off"  # vLLM's own torch.compile runs in this process
     assert engine.processed_logprobs is processed
     assert (kwargs.get("logprobs_mode") == "processed_logprobs") is processed

@@ -23,9 +23,9 @@ def run_benchmark(script: str, *args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])  # the JSON summary is the last line
 
 
-def test_weight_delta_quick_through_the_torch_find_path(tmp_path):
-    summary = run_benchmark("bench_weight_delta.py", "--quick", "--find-on", "tensor", "--out", str(tmp_path / "wd"))
-    assert summary["find_on"] == "tensor" and summary["device"] == "cpu"
+def test_weight_delta_quick(tmp_path):
+    summary = run_benchmark("bench_weight_delta.py", "--quick", "--out", str(tmp_path / "wd"))
+    assert summary["device"] == "cpu"
     targets = summary["targets"]
     assert targets["lossless_every_version"]
     # A reader that decoded wrongly ends right all the same, through a full: that must not pass.
@@ -44,17 +44,8 @@ def test_weight_delta_quick_on_random_weights_of_the_same_shapes(tmp_path):
 def test_weight_pass_runs(tmp_path):
     summary = run_benchmark("bench_weight_pass.py", "--reps", "1", "--results", str(tmp_path))
     assert (tmp_path / "weight_pass.json").exists()
-    devices = {row.get("device") for row in summary["rows"]}
-    assert "cpu" in devices and all(row["find_s"] > 0 for row in summary["rows"])
+    assert summary["rows"] and all(row["find_s"] > 0 for row in summary["rows"])
     assert set(summary["read_alone_s"]) == {"1", "2"} and all(s > 0 for s in summary["read_alone_s"].values())
-
-
-def test_weight_kernels_quick_agree_with_their_references(tmp_path):
-    """Each kernel is checked equal to its reference inside the script before it is timed."""
-    summary = run_benchmark("bench_weight_kernels.py", "--quick", "--reps", "1", "--results", str(tmp_path))
-    kernels = {row["kernel"] for row in summary["rows"]}
-    assert "change sum (blocked)" in kernels and any(k.startswith("unpack 3-bit") for k in kernels)
-    assert all(row["kernel_s"] > 0 and row["reference_s"] > 0 for row in summary["rows"])
 
 
 @pytest.mark.parametrize("same_script", [False, True])

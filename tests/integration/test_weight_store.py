@@ -22,10 +22,8 @@ from rljob.weights import (
     named_tensors,
     store,
 )
-from rljob.weights.changes import find_changes
-from rljob.weights.checksum import bf16_bits, change_sum, format_sum
-from rljob.weights.encoding import EncodedDelta, encode_delta
-from rljob.weights.manifest import Manifest, TensorEntry
+from rljob.weights.checksum import bf16_bits
+from rljob.weights.codec import EncodedDelta, decode_positions
 
 pytestmark = pytest.mark.integration
 transformers = pytest.importorskip("transformers")
@@ -455,8 +453,8 @@ def test_large_fp32_tensors_are_cast_block_by_block_exactly(redis_client):
 
 
 def test_a_version_is_one_stream_over_all_tensors(redis_client):
-    """Format 3: the manifest carries one encoded stream and one change sum; per-tensor entries keep
-    the names, shapes, change counts and check windows."""
+    """The manifest carries one coded stream and one change sum; per-tensor entries keep the names,
+    shapes, change counts and check windows."""
     trainer = Trainer(lr=1e-3)
     publisher = publisher_for(redis_client)
     publisher.publish(trainer.model)
@@ -465,107 +463,31 @@ def test_a_version_is_one_stream_over_all_tensors(redis_client):
     result = publisher.publish(trainer.model)
     manifest = store.read_manifests(redis_client, KEYS, [result.version])[0][0]
     after = trainer.bits()
-    assert manifest.format == 5 and manifest.kind == "delta"
-    assert manifest.stream is not None and manifest.stream["count"] == manifest.changed == result.changed > 0
-    assert manifest.stream["numel"] == manifest.numel == sum(b.size for b in after.values())
+    assert manifest.format == 6 and manifest.kind == "delta"
+    assert manifest.stream is not None and manifest.stream.count == manifest.changed == result.changed > 0
+    assert manifest.stream.numel == manifest.numel == sum(b.size for b in after.values())
     assert re.fullmatch(r"[0-9a-f]{16}", manifest.change_sum or "")
+    expected, offset = [], 0
     for entry in manifest.tensors:
-        assert entry.encoding is None and entry.length == 0
         assert entry.changed == int(np.count_nonzero(before[entry.name] != after[entry.name]))
-    assert result.encodings == {EncodedDelta.from_meta(manifest.stream, store.read_payload(redis_client, manifest))
-                                .encoding: 1}  # fmt: skip
+        expected.append(np.flatnonzero(before[entry.name] != after[entry.name]) + offset)
+        offset += before[entry.name].size
+    enc = EncodedDelta.from_meta(manifest.stream.model_dump(), store.read_payload(redis_client, manifest))
+    assert np.array_equal(decode_positions(enc), np.concatenate(expected))
 
 
-def test_a_format_2_delta_written_per_tensor_is_still_applied(redis_client):
-    """Readers of format 3 apply the per-tensor deltas an older publisher wrote (a rolling upgrade)."""
-    trainer = Trainer(lr=1e-3)
-    publisher = publisher_for(redis_client)
-    shadow: dict[str, torch.Tensor] = {}
-    reader = WeightReader(redis_client, KEYS)
-    v0 = publisher.publish(trainer.model)
-    reader.sync(shadow)
-    before = trainer.bits()
-    trainer.step()
-    after = trainer.bits()
-    entries, parts, offset = [], [], 0
-    for name, bits in after.items():
-        enc = encode_delta(before[name], bits)
-        changes = find_changes(before[name], bits)
-        blob = enc.payload()
-        entries.append(TensorEntry(
-            name=name, shape=list(bits.shape), offset=offset, length=len(blob), changed=enc.count,
-            change_sum=format_sum(change_sum(changes.positions, changes.old, changes.new)) if enc.count else None,
-            encoding=enc.meta() if enc.count else None,
-        ))  # fmt: skip
-        parts.append(blob)
-        offset += len(blob)
-    payload = b"".join(parts)
-    base = store.read_manifests(redis_client, KEYS, [v0.version])[0][0]
-    manifest = Manifest(
-        format=2, version=1, kind="delta", base_version=0, full_version=0, chain_length=1,
-        chain_bytes=len(payload), full_bytes=base.full_bytes, payload_bytes=len(payload), numel=base.numel,
-        changed=sum(e.changed for e in entries), created_at=time.time(), chunks=[], tensors=entries,
-    )  # fmt: skip
-    manifest.chunks = store.write_chunks(redis_client, KEYS, 1, payload, 4096)
-    store.commit(redis_client, KEYS, manifest)
-    result = reader.sync(shadow)
-    assert result.version == 1 and result.versions_applied == [1] and not result.took_full
-    assert_holds(shadow, after)
-
-
-def test_a_manifest_from_a_newer_publisher_gives_a_clear_error(redis_client):
+@pytest.mark.parametrize("written", [5, 99])
+def test_a_manifest_from_another_release_gives_a_clear_error(redis_client, written):
     publisher = publisher_for(redis_client)
     publisher.publish({"w": torch.ones(4)})
     raw = json.loads(redis_client.get(KEYS.weights_manifest(0)))
-    raw |= {"format": 99, "a_field_from_the_future": 1}
+    raw |= {"format": written, "a_field_from_another_release": 1}
     redis_client.set(KEYS.weights_manifest(0), json.dumps(raw))
-    with pytest.raises(store.ManifestFormatError, match="format 99; this reader knows up to 5"):
+    with pytest.raises(store.ManifestFormatError, match=f"format {written}; this reader reads 6: run the same rljob"):
         WeightReader(redis_client, KEYS).sync({})
     redis_client.set(KEYS.weights_manifest(0), b"{not json")
     with pytest.raises(store.ManifestFormatError, match="manifest of weight version 0 is invalid"):
         WeightReader(redis_client, KEYS).sync({})
-
-
-def test_per_tensor_coding_writes_each_tensors_smallest_stream_and_readers_match(redis_client):
-    """coding="tensor": one stream per changed tensor, each the smallest `encode_changes` finds for
-    that tensor alone, with its own change sum; readers end bit-exact, as with one stream."""
-    from rljob.weights.encoding import encode_changes
-
-    trainer = Trainer(lr=1e-3)
-    keys = JobKeys("test", "per-tensor")
-    publisher = WeightPublisher(redis_client, keys, rebase_interval=10, rebase_fraction=4.0, chunk_bytes=4096,
-                                coding="tensor")  # fmt: skip
-    shadows: list[dict[str, torch.Tensor]] = [{}, {}]
-    readers = [WeightReader(redis_client, keys) for _ in shadows]
-    before = trainer.bits()
-    publisher.publish(trainer.model)
-    for step in range(3):
-        trainer.step()
-        if step == 1:
-            with torch.no_grad():  # one tensor changes a lot more than the others
-                trainer.model.model.norm.weight.mul_(1.5)
-        after = trainer.bits()
-        result = publisher.publish(trainer.model)
-        assert result.kind == "delta"
-        manifest = store.read_manifests(redis_client, keys, [result.version])[0][0]
-        assert manifest.stream is None and manifest.change_sum is None
-        payload = store.read_payload(redis_client, manifest)
-        for entry in manifest.tensors:
-            changes = find_changes(before[entry.name].copy(), after[entry.name])
-            assert entry.changed == changes.count
-            if not changes.count:
-                assert entry.encoding is None and entry.length == 0
-                continue
-            expected = encode_changes(changes, before[entry.name].size)
-            assert entry.encoding == expected.meta(), entry.name
-            assert payload[entry.offset : entry.offset + entry.length] == expected.payload()
-            assert entry.change_sum == format_sum(change_sum(changes.positions, changes.old, changes.new))
-        for reader, shadow in zip(readers, shadows, strict=True):
-            reader.sync(shadow)
-            assert_holds(shadow, after)
-        before = after
-    with pytest.raises(ValueError, match="coding"):
-        WeightPublisher(redis_client, keys, rebase_interval=2, rebase_fraction=1.0, chunk_bytes=64, coding="model")
 
 
 def test_a_second_publisher_of_the_same_version_cannot_damage_the_first(redis_client):
@@ -751,7 +673,7 @@ def lose_the_last_commit(client: redis.Redis) -> None:
 def test_a_reader_holding_a_lost_version_does_not_apply_the_next_delta_onto_it(redis_client):
     # The reader holds v1 (X); Redis loses it; the restarted trainer publishes another v1 (Y) and a
     # v2 on Y. By number alone, v2 "builds on" what the reader holds: it applied it onto X and
-    # reported v2, with values nobody published (a format-5 manifest names its base's publish id).
+    # reported v2, with values nobody published (a manifest names its base's publish id).
     options = {"rebase_interval": 100, "rebase_fraction": 100.0}
     first, weights = publisher_for(redis_client, **options), sparse_weights()
     first.publish(weights)

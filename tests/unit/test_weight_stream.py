@@ -1,4 +1,4 @@
-"""One delta stream over many tensors: encoding the merged changes and applying them per tensor."""
+"""One delta stream over many tensors: coding the merged changes and applying them per tensor."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from rljob.weights.apply import apply_stream, gather_bits, scatter_bits
 from rljob.weights.changes import Changes, find_changes, merge_changes
 from rljob.weights.checksum import bf16_bits, change_sum
-from rljob.weights.encoding import DeltaFormatError, EncodedDelta, encode_changes
+from rljob.weights.codec import DeltaFormatError, EncodedDelta, encode
 from rljob.weights.parallel import TensorPool
 
 SHAPES = [(7, 5), (0,), (1,), (300,), (), (64, 33)]
@@ -42,8 +42,7 @@ def test_a_stream_over_tensors_round_trips_bit_exactly(density, dtype, threads, 
         new[picked] = rng.integers(0, 1 << 16, size=int(picked.sum()), dtype=np.uint16)
         news.append(new)
     changes, numel = merged(olds, news)
-    enc = encode_changes(changes, numel)
-    assert enc.positions != "dense"  # one stream never carries every element
+    enc = encode(changes, numel)
     enc = EncodedDelta.from_meta(enc.meta(), enc.payload())
     targets = [as_tensor(o, s, dtype) for o, s in zip(olds, SHAPES, strict=True)]
     storages = [t.untyped_storage().data_ptr() for t in targets]
@@ -61,7 +60,7 @@ def test_untouched_tensors_may_be_absent_and_touched_ones_must_fit():
     news = [olds[0].copy(), olds[1].copy()]
     news[1][[3, 17]] ^= 1
     changes, numel = merged(olds, news)
-    enc = encode_changes(changes, numel)
+    enc = encode(changes, numel)
     target = as_tensor(olds[1], (20,), torch.bfloat16)
     apply_stream([None, target], [10, 20], enc)
     assert np.array_equal(bf16_bits(target), news[1])
@@ -80,7 +79,7 @@ def test_a_stream_that_differs_from_the_target_fails_its_change_sum():
     new = old.copy()
     new[[5, 9]] += 1
     changes, numel = merged([old], [new])
-    enc = encode_changes(changes, numel)
+    enc = encode(changes, numel)
     expected = change_sum(changes.positions, changes.old, changes.new)
     drifted = old.copy()
     drifted[9] ^= 0x10
@@ -89,14 +88,14 @@ def test_a_stream_that_differs_from_the_target_fails_its_change_sum():
     assert total != expected
 
 
-def test_encode_changes_refuses_dense_without_every_value_and_codes_all_changed():
+def test_every_value_changed_is_coded_like_any_other():
     old = np.arange(8, dtype=np.uint16)
     new = old + 1
-    changes = find_changes(old, new)
-    with pytest.raises(ValueError, match="dense"):
-        encode_changes(changes, 8, positions="dense")
-    enc = encode_changes(changes, 8)
-    assert enc.count == 8 and enc.positions in ("ef", "rice", "bitmask")
+    enc = encode(find_changes(old, new), 8)
+    assert enc.count == 8
+    target = as_tensor(old, (8,), torch.bfloat16)
+    apply_stream([target], [8], enc)
+    assert np.array_equal(bf16_bits(target), new)
 
 
 def test_gather_and_scatter_bits_on_bf16_and_fp32():

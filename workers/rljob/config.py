@@ -322,12 +322,6 @@ class WeightSyncSpec(ApiModel):
     mode: Literal["delta", "full"] = Field(
         "delta", description="`delta`: changed bf16 values only; `full`: every version whole."
     )
-    coding: Literal["version", "tensor"] = Field(
-        "version",
-        description="`version`: a delta is one stream over the whole model (fastest); `tensor`: each tensor is "
-        "coded alone with its own smallest coding (a few percent smaller when tensors change at different rates, "
-        "slower to encode and apply).",
-    )
     rebase_interval: int = Field(20, ge=1, le=10_000, description="Write a new full export every K versions.")
     rebase_fraction: float = Field(
         0.5, gt=0.0, le=4.0, description="Rebase when the delta chain since the last full exceeds this fraction of it."

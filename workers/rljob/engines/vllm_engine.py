@@ -146,9 +146,6 @@ def _engine_in_this_process() -> None:
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
         log.info("setting VLLM_ENABLE_V1_MULTIPROCESSING=0: weight updates need the engine in this process")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    # vLLM compiles its own model with torch.compile, now in this process: the shadow's apply stays
-    # on numpy's path rather than share dynamo and inductor's settings with it (compiled_apply).
-    os.environ.setdefault("RLJOB_COMPILED_APPLY", "off")
 
 
 def _supports_processed_logprobs(version: str) -> bool:

@@ -3,9 +3,9 @@
 Targets are bf16 or fp32 tensors on any device; bf16 -> fp32 is exact, so an fp32 target holds
 exactly the published bf16 values. Models are addressed by `named_parameters()`, which lists a
 tied weight (SmolLM2's lm_head / embed_tokens) once, the same way the publisher names them.
-A delta is decoded straight into the tensor's own memory and touches only the changed elements;
-`apply_delta` returns the change sum (`checksum.change_sum`) of what the target held before and
-holds after, for the reader to compare with the manifest.
+A delta is decoded straight into the tensors' own memory and touches only the changed elements;
+`apply_stream` returns the change sum (`checksum.change_sum`) of what the targets held before and
+hold after, for the reader to compare with the manifest.
 """
 
 from __future__ import annotations
@@ -15,17 +15,8 @@ from collections.abc import Mapping, MutableMapping, Sequence
 import numpy as np
 import torch
 
-from rljob.weights import compiled_apply
-from rljob.weights.checksum import change_sum, change_sum_of_parts
-from rljob.weights.encoding import (
-    EncodedDelta,
-    decode_positions,
-    decode_value_codes,
-    decode_values,
-    needs_old_values,
-    patterns_from_codes,
-)
-from rljob.weights.errors import DeltaFormatError
+from rljob.weights.checksum import change_sum_of_parts
+from rljob.weights.codec import DeltaFormatError, EncodedDelta, decode_positions, decode_steps, ulp_unzigzag
 from rljob.weights.parallel import TensorPool
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
@@ -67,24 +58,6 @@ def _write_patterns(flat: torch.Tensor, index: torch.Tensor | None, patterns: to
             memory.copy_(values)
         else:
             memory[index] = values
-
-
-def apply_delta(tensor: torch.Tensor, enc: EncodedDelta) -> int:
-    """Overwrite the changed elements of `tensor` with the delta's new bf16 values, in place.
-
-    Returns the change sum of the values the target held there before and holds now.
-    """
-    if enc.positions == "none":
-        return 0
-    flat = _flat(tensor)
-    if flat.numel() != enc.numel:
-        raise ValueError(f"delta is for {enc.numel} elements, tensor has {flat.numel()}")
-    positions = decode_positions(enc)
-    where = None if enc.positions == "dense" else positions
-    old = gather_bits(tensor, where)
-    new = decode_values(enc, old if needs_old_values(enc) else None)
-    scatter_bits(tensor, where, new)
-    return change_sum(positions, old, new)
 
 
 def gather_bits(tensor: torch.Tensor, positions: np.ndarray | None, out: np.ndarray | None = None) -> np.ndarray:
@@ -153,12 +126,10 @@ def apply_stream(
 ) -> tuple[int, list[int]]:
     """Apply one delta stream over tensors laid end to end (`sizes` elements each), in place.
 
-    A tensor may be None where the stream changes nothing in it. Decoding is one call for the
-    whole stream; only the gather of the old values and the scatter of the new ones run per tensor
-    (on `pool`). Dense streams (5% and up) on CPU targets take one compiled kernel per tensor instead
-    (`compiled_apply`, in this thread, which falls back here when it cannot compile). Targets in
-    device memory take `_gather_scatter_in_torch` (`in_torch`: None decides by the targets'
-    device; True forces that path, which tests run on CPU tensors).
+    A tensor may be None where the stream changes nothing in it. The two streams decode once for
+    the whole version (side by side on `pool`); only the gather of the old values and the scatter
+    of the new ones run per tensor. Targets in device memory take `_gather_scatter_in_torch`
+    (`in_torch`: None decides by the targets' device; True forces it, which tests run on CPU).
     Returns the change sum over the stream's positions (what the targets held before and hold
     now) and the indices of the tensors it changed.
     """
@@ -166,9 +137,8 @@ def apply_stream(
         raise DeltaFormatError(f"delta stream is for {enc.numel} elements, the tensors have {sum(sizes)}")
     if enc.count == 0:
         return 0, []
-    if enc.positions == "dense":
-        raise DeltaFormatError("a delta stream over several tensors never uses the dense coding")
-    positions = decode_positions(enc)
+    run = (pool or TensorPool(1)).map
+    positions, steps = run(lambda decode: decode(enc), [decode_positions, decode_steps])
     offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
     cuts = np.searchsorted(positions, offsets)
@@ -181,19 +151,12 @@ def apply_stream(
             raise ValueError(f"tensor {i} has {target.numel()} elements, the delta stream {sizes[i]}")
     flats = {i: _flat(tensors[i]) for i, _, _ in parts}  # type: ignore[arg-type]
     touched = list(flats)
-    on_device = in_torch or (in_torch is None and any(flat.device.type != "cpu" for flat in flats.values()))
-    if not on_device:  # decoded once, for the compiled kernel or numpy's passes below
-        steps, codes = decode_value_codes(enc)
-        if compiled_apply.wanted(enc.count, enc.numel):
-            total = compiled_apply.apply_parts(flats, parts, positions, offsets, codes, steps)
-            if total is not None:
-                return total, touched
     for i, a, b in parts:  # positions local to each tensor, in place (no copy of the whole list)
         positions[a:b] -= offsets[i]
     starts = np.array([a for _, a, _ in parts], dtype=np.intp)
     part_offsets = np.array([offsets[i] for i, _, _ in parts], dtype=np.int64)
-    if on_device:
-        old, new = _gather_scatter_in_torch(flats, parts, positions, enc)
+    if in_torch or (in_torch is None and any(flat.device.type != "cpu" for flat in flats.values())):
+        old, new = _gather_scatter_in_torch(flats, parts, positions, steps)
         return change_sum_of_parts(positions, old, new, starts, part_offsets), touched
     old = np.empty(positions.size, dtype=np.uint16)
 
@@ -201,9 +164,8 @@ def apply_stream(
         i, a, b = part
         gather_bits(tensors[i], positions[a:b], out=old[a:b])
 
-    run = (pool or TensorPool(1)).map
     run(gather, parts, cost=lambda part: part[2] - part[1])
-    new = patterns_from_codes(steps, codes, old)
+    new = ulp_unzigzag(old, steps)
 
     def scatter(part: tuple[int, int, int]) -> None:
         i, a, b = part
@@ -214,7 +176,7 @@ def apply_stream(
 
 
 def _gather_scatter_in_torch(
-    flats: dict[int, torch.Tensor], parts: list[tuple[int, int, int]], positions: np.ndarray, enc: EncodedDelta
+    flats: dict[int, torch.Tensor], parts: list[tuple[int, int, int]], positions: np.ndarray, steps: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Gather, decode and scatter for targets in device memory (one device for the stream).
 
@@ -232,7 +194,7 @@ def _gather_scatter_in_torch(
     for i, a, b in parts:
         old_patterns[a:b] = _patterns_at(flats[i], index[a:b])
     old = old_patterns.cpu().numpy().view(np.uint16)
-    new = decode_values(enc, old if needs_old_values(enc) else None)
+    new = ulp_unzigzag(old, steps)
     new_patterns = torch.from_numpy(new.view(np.int16)).to(device)
     for i, a, b in parts:
         _write_patterns(flats[i], index[a:b], new_patterns[a:b])

@@ -1,29 +1,18 @@
 """The manifest of one published weight version: the only thing a reader trusts.
 
 It is written after every chunk it names, in the same atomic step that moves `latest`, so a
-version a reader can see is always complete. It crosses process boundaries, hence pydantic.
+version a reader can see is always complete. It crosses process boundaries, hence pydantic. There
+is one format: a store lives and dies with one job's Redis, so trainer and rollout workers run the
+same rljob, and a manifest of another format is refused with that advice (`store`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# 5: `base_publish_id`, a delta's base by identity, not by number alone: after Redis loses its last
-#    commit and a restarted trainer publishes that number again, neither a reader holding the lost
-#    version nor the old trainer (still alive, publishing on it) may build on it. Formats 1-4 read
-#    as "" (not checked).
-# 4: `publish_id`, a random id per publish: after Redis loses its last commit (AOF fsyncs every
-#    second) and a restarted trainer publishes the same number again, a reader that held the lost
-#    version can tell it is not the stored one. Formats 1-3 read as publish id "".
-# 3: a delta is one encoded stream over all tensors laid end to end in manifest order (`stream`,
-#    with one `change_sum`), instead of one stream per tensor: a version costs a few numpy calls
-#    per tensor rather than a hundred. A publisher with coding "tensor" still writes one stream
-#    per tensor (`stream` None, per-entry `encoding` and `change_sum`, as format 2).
-# 2: deltas carry `change_sum` and SHA-256 only over a rotating `check_range` (format 1: whole
-#    tensors, every version). A reader of format 3 reads formats 1 and 2 too.
-MANIFEST_FORMAT = 5
+MANIFEST_FORMAT = 6
 
 
 class ChunkRef(BaseModel):
@@ -47,19 +36,25 @@ class TensorEntry(BaseModel):
     check_range: list[int] | None = Field(
         None, description="[start, stop) of the flat elements `checksum` covers; None: all of them."
     )
-    change_sum: str | None = Field(
-        None, description="Delta only: hex `checksum.change_sum` of the changed values (old -> new)."
-    )
-    offset: int = Field(0, ge=0, description="Delta only: where this tensor's encoded bytes start.")
-    length: int = Field(0, ge=0, description="Delta only: how many encoded bytes it has.")
     changed: int = Field(0, ge=0, description="Values that differ from the base version.")
-    encoding: dict[str, Any] | None = Field(None, description="Delta only: `EncodedDelta.meta()`.")
+
+
+class DeltaStream(BaseModel):
+    """`codec.EncodedDelta.meta()`: the change of all tensors laid end to end in manifest order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    numel: int = Field(ge=0)
+    count: int = Field(ge=0)
+    gap_width: Literal[1, 2, 4, 8]
+    step_width: Literal[1, 2]
+    lengths: list[int] = Field(description="Bytes of the gap stream and the step stream (none when nothing changed).")
 
 
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    format: int = MANIFEST_FORMAT
+    format: Literal[6] = MANIFEST_FORMAT
     version: int = Field(ge=0)
     kind: Literal["full", "delta"]
     base_version: int | None = Field(None, description="Delta only: the version it applies to.")
@@ -75,13 +70,9 @@ class Manifest(BaseModel):
     base_publish_id: str = Field("", description="Delta only: the publish id of the version it applies to.")
     chunks: list[ChunkRef]
     tensors: list[TensorEntry]
-    stream: dict[str, Any] | None = Field(
-        None,
-        description="Format-3 delta: `EncodedDelta.meta()` of the changes of all tensors laid end to end in "
-        "`tensors` order (positions count from the first element of the first tensor).",
-    )
+    stream: DeltaStream | None = Field(None, description="Delta only: the coded change (`codec`).")
     change_sum: str | None = Field(
-        None, description="Format-3 delta: hex `checksum.change_sum` over `stream`'s positions (old -> new)."
+        None, description="Delta only: hex `checksum.change_sum` over `stream`'s positions (old -> new)."
     )
 
     def to_json(self) -> bytes:

@@ -12,11 +12,9 @@ what readers actually hold, and versions continue at latest + 1.
 
 Cost of a delta: one pass over the model (fp32 -> bf16 cast, fused per tensor into one reused
 buffer, and a compare with the baseline; a CPU bf16 input is compared in place), spread per tensor
-over a small thread pool; weights on a GPU are compared there, against a device copy of the
-baseline, and only their changes come to the host (`device_find`). Then work in proportion to
-the changed values only: the changes of all tensors are encoded as one stream (format 3: a few
-numpy calls for the whole model instead of a hundred per tensor), with one change sum, and the
-baseline is updated in place. SHA-256 covers 1/`check_versions` of the model per delta (a window
+over a small thread pool. Then work in proportion to the changed values only: the changes of all
+tensors are encoded as one stream (`codec`) with one change sum, and the baseline is updated in
+place. SHA-256 covers 1/`check_versions` of the model per delta (a window
 that rotates with the version number), so every value is checked end to end at least every
 `check_versions` versions, at a fixed small cost per version.
 """
@@ -29,7 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -43,10 +41,9 @@ from rljob.weights import store
 from rljob.weights.apply import named_tensors
 from rljob.weights.changes import BlockSource, Changes, find_changes, merge_changes
 from rljob.weights.checksum import bf16_bits, bits_checksum, change_sum, format_sum
-from rljob.weights.device_find import device_baseline, find_changes_torch, mirror_fits
-from rljob.weights.encoding import EncodedDelta, encode_changes
+from rljob.weights.codec import EncodedDelta, encode
 from rljob.weights.gcpause import gc_paused
-from rljob.weights.manifest import Manifest, TensorEntry
+from rljob.weights.manifest import DeltaStream, Manifest, TensorEntry
 from rljob.weights.parallel import TensorPool
 from rljob.weights.reader import WeightReader
 from rljob.weights.store import VersionConflictError, WeightStoreError
@@ -59,32 +56,17 @@ _CAST_BLOCK = 1 << 20
 
 @dataclass
 class VersionDelta:
-    """A version's change: one stream over all tensors and its change sum (coding "version"), or
-    one stream and change sum per changed tensor (coding "tensor"); per-tensor counts and window
-    checksums."""
+    """A version's change: one stream over all tensors, its change sum, per-tensor counts and the
+    SHA-256 of each tensor's check window."""
 
-    stream: EncodedDelta | None
-    change_sum: int | None  # of `stream`; None with per-tensor streams, which carry their own
+    stream: EncodedDelta
+    change_sum: int
     changed: dict[str, int]
     checksums: dict[str, str]
-    per_tensor: dict[str, tuple[EncodedDelta, int]] = field(default_factory=dict)
-
-    @property
-    def nbytes(self) -> int:
-        if self.stream is not None:
-            return self.stream.nbytes
-        return sum(enc.nbytes for enc, _ in self.per_tensor.values())
 
     @property
     def count(self) -> int:
         return sum(self.changed.values())
-
-    def encodings(self) -> dict[str, int]:
-        """Encoding name -> streams using it."""
-        if self.stream is not None:
-            return {self.stream.encoding: 1}
-        names = [enc.encoding for enc, _ in self.per_tensor.values()]
-        return {name: names.count(name) for name in sorted(set(names))}
 
 
 @dataclass
@@ -97,7 +79,6 @@ class PublishResult:
     numel: int = 0
     encode_seconds: float = 0.0
     write_seconds: float = 0.0
-    encodings: dict[str, int] = field(default_factory=dict)  # encoding name -> tensors using it
     reason: str = ""  # why a full was written
 
 
@@ -119,11 +100,8 @@ class WeightPublisher:
         rebase_fraction: float,
         chunk_bytes: int,
         mode: Literal["delta", "full"] = "delta",
-        overwrite_only: bool = False,
         check_versions: int = 16,
         threads: int | None = None,
-        find_on: Literal["auto", "host", "tensor"] = "auto",
-        coding: Literal["version", "tensor"] = "version",
     ) -> None:
         if rebase_interval < 1 or rebase_fraction <= 0 or chunk_bytes < 1 or check_versions < 1:
             raise ValueError(
@@ -131,30 +109,16 @@ class WeightPublisher:
             )
         if mode not in ("delta", "full"):
             raise ValueError(f"mode must be 'delta' or 'full', got {mode!r}")
-        if coding not in ("version", "tensor"):
-            raise ValueError(f"coding must be 'version' or 'tensor', got {coding!r}")
-        if find_on not in ("auto", "host", "tensor"):
-            raise ValueError(f"find_on must be 'auto', 'host' or 'tensor', got {find_on!r}")
         self.client = redis_client
         self.keys = keys
         self.rebase_interval = rebase_interval
         self.rebase_fraction = rebase_fraction
         self.chunk_bytes = chunk_bytes
         self.mode = mode
-        self.overwrite_only = overwrite_only
         self.check_versions = check_versions
-        # Where the changes are found: "auto" on the weights' accelerator when a baseline copy fits
-        # there (`device_find`), on the host for CPU weights; "host" always on the host; "tensor"
-        # always in torch on the weights' device (the GPU code path, which tests run on the CPU).
-        self.find_on = find_on
-        # "version": one stream over the whole model (format 3, fastest); "tensor": each tensor
-        # coded alone with its own smallest coding (smaller where densities differ by tensor).
-        self.coding = coding
         self._resumed = False
         # The bf16 patterns last published, owned here and advanced in place by each delta.
         self._baseline: dict[str, np.ndarray] | None = None
-        # Device copies of baseline tensors (find_on != "host"), advanced with it; None: keep on host.
-        self._mirrors: dict[str, torch.Tensor | None] = {}
         self._pool = TensorPool(threads, "weight-encode")
         self._local = threading.local()  # per-thread reused cast buffer
         self._shapes: dict[str, tuple[int, ...]] = {}
@@ -172,7 +136,6 @@ class WeightPublisher:
             rebase_fraction=spec.rebase_fraction,
             chunk_bytes=spec.chunk_bytes,
             mode=spec.mode,
-            coding=spec.coding,
         )
 
     @property
@@ -193,7 +156,7 @@ class WeightPublisher:
         """
         store.drop_orphans(self.client, self.keys)
         store.apply_retention(self.client, self.keys)
-        self._set_baseline(None)
+        self._baseline = None
         self._shapes, self._last, self._unreadable_latest = {}, None, None
         latest = store.latest_version(self.client, self.keys)
         if latest is not None:
@@ -207,7 +170,7 @@ class WeightPublisher:
                 log.warning("weight publisher could not read version %d back (%s); next is a full", latest, exc)
                 self._unreadable_latest = latest
             else:
-                self._set_baseline({name: bf16_bits(t).copy() for name, t in shadow.items()})
+                self._baseline = {name: bf16_bits(t).copy() for name, t in shadow.items()}
                 self._shapes = {name: tuple(t.shape) for name, t in shadow.items()}
                 self._last = store.read_manifests(self.client, self.keys, [result.version])[0][0]
                 log.info("weight publisher resumed at version %d (%s)", result.version, self._last.kind)
@@ -246,7 +209,7 @@ class WeightPublisher:
             windows = self._check_windows(version, {name: tensor.numel() for name, tensor in tensors.items()})
             delta = self._encode_and_advance(tensors, windows)  # the baseline now holds this version
             assert self._last is not None
-            chain_bytes = (self._last.chain_bytes if self._last.kind == "delta" else 0) + delta.nbytes
+            chain_bytes = (self._last.chain_bytes if self._last.kind == "delta" else 0) + delta.stream.nbytes
             if chain_bytes > self.rebase_fraction * self._last.full_bytes:
                 reason = f"delta chain {chain_bytes} B > {self.rebase_fraction} x full {self._last.full_bytes} B"
         if reason:
@@ -267,14 +230,13 @@ class WeightPublisher:
 
         started = time.perf_counter()
         manifest_bytes = self._write_and_commit(payload, manifest)
-        self._set_baseline(bits)
+        self._baseline = bits
         self._shapes, self._last = shapes, manifest
         if manifest.kind == "full":
             self.client.delete(self.keys.weights_rebase)
             self._retain()
         write_seconds = time.perf_counter() - started
 
-        encodings = delta.encodings() if delta is not None and not reason else {}
         return PublishResult(
             version=version,
             kind=manifest.kind,
@@ -284,7 +246,6 @@ class WeightPublisher:
             numel=manifest.numel,
             encode_seconds=encode_seconds,
             write_seconds=write_seconds,
-            encodings=encodings,
             reason=reason,
         )
 
@@ -384,75 +345,39 @@ class WeightPublisher:
             scratch = self._local.scratch = np.empty(n, dtype=np.uint16)
         return scratch[:n]
 
-    def _set_baseline(self, bits: dict[str, np.ndarray] | None) -> None:
-        """Replace the baseline; device copies of a replaced one are dropped (a delta advances the
-        baseline in place, and its copies with it)."""
-        if bits is not self._baseline:
-            self._mirrors = {}
-        self._baseline = bits
-
-    def _mirror(self, name: str, tensor: torch.Tensor) -> torch.Tensor | None:
-        """The device copy of `name`'s baseline to find changes against, made on first use; None
-        where changes are found on the host (CPU weights under "auto", or no room on the device)."""
-        if self.find_on == "host" or (self.find_on == "auto" and tensor.device.type == "cpu"):
-            return None
-        if name not in self._mirrors:
-            assert self._baseline is not None
-            base = self._baseline[name]
-            fits = self.find_on == "tensor" or mirror_fits(tensor.device, base.nbytes)
-            self._mirrors[name] = device_baseline(base, tensor.device) if fits else None
-            if not fits:
-                log.warning("no room on %s for the baseline of %s: found on the host", tensor.device, name)
-        return self._mirrors[name]
-
     def _find_one(self, name: str, tensor: torch.Tensor, window: tuple[int, int] | None) -> tuple[Changes, str]:
         """One tensor: its changes against the baseline, written into it on the way, and the
         SHA-256 of its check window of the advanced baseline (empty without a window)."""
         assert self._baseline is not None
         base = self._baseline[name]
-        mirror = self._mirror(name, tensor)
-        if mirror is None:
-            changes = find_changes(base, self._new_bits(tensor), advance=True)
-        else:
-            changes = find_changes_torch(mirror, tensor)
-            base[changes.positions] = changes.new  # the host baseline follows the device copy
+        changes = find_changes(base, self._new_bits(tensor), advance=True)
         return changes, bits_checksum(base[window[0] : window[1]]) if window else ""
 
     def _encode_and_advance(
         self, tensors: dict[str, torch.Tensor], windows: dict[str, tuple[int, int]]
     ) -> VersionDelta:
-        """The version's changes as one stream over all tensors laid end to end (model order), or
-        with coding "tensor" one stream per changed tensor.
+        """The version's changes as one stream over all tensors laid end to end (model order).
 
         Finding them is the pass over the model, per tensor on the pool's threads (numpy and
-        torch release the GIL for the block work); largest first, for an even split. Encoding is
-        then a handful of numpy calls over the changes of the whole model: the values' coding,
-        the positions' coding and the change sum as three jobs on the pool (per tensor: about a
-        hundred calls for each changed tensor, on the pool).
+        torch release the GIL for the block work); largest first, for an even split. Then the
+        change sum and the codec's two streams run as three jobs on the pool.
         """
         names = list(tensors)
         order = sorted(names, key=lambda name: -tensors[name].numel())
-        found = self._pool.map(lambda n: self._find_one(n, tensors[n], windows.get(n)), order,
-                               cost=lambda n: tensors[n].numel())  # fmt: skip
-        found = dict(zip(order, found, strict=True))
-        changes = [found[name][0] for name in names]
-        checksums = {name: found[name][1] for name in names if name in windows}
-        changed = {name: c.count for name, c in zip(names, changes, strict=True)}
-        if self.coding == "tensor":
-            touched = [(name, c) for name, c in zip(names, changes, strict=True) if c.count]
-            coded = self._pool.map(
-                lambda item: (encode_changes(item[1], tensors[item[0]].numel(), overwrite_only=self.overwrite_only),
-                              change_sum(item[1].positions, item[1].old, item[1].new)),
-                touched, cost=lambda item: item[1].count,
-            )  # fmt: skip
-            per_tensor = {name: result for (name, _), result in zip(touched, coded, strict=True)}
-            return VersionDelta(None, None, changed, checksums, per_tensor)
+        found = self._pool.map(
+            lambda n: self._find_one(n, tensors[n], windows.get(n)), order, cost=lambda n: tensors[n].numel()
+        )
+        by_name = dict(zip(order, found, strict=True))
+        changes = [by_name[name][0] for name in names]
         merged, numel = merge_changes(changes, [tensors[name].numel() for name in names])
-        # Three independent jobs on the pool: the change sum, the values' coding, the positions'.
         total = self._pool.submit(lambda: change_sum(merged.positions, merged.old, merged.new))
-        stream = encode_changes(merged, numel, overwrite_only=self.overwrite_only,
-                                run=lambda jobs: self._pool.map(lambda job: job(), jobs))  # fmt: skip
-        return VersionDelta(stream=stream, change_sum=total.result(), changed=changed, checksums=checksums)
+        stream = encode(merged, numel, run=lambda jobs: self._pool.map(lambda job: job(), jobs))
+        return VersionDelta(
+            stream=stream,
+            change_sum=total.result(),
+            changed={name: c.count for name, c in zip(names, changes, strict=True)},
+            checksums={name: by_name[name][1] for name in names if name in windows},
+        )
 
     def close(self) -> None:
         """Stop the encoding threads (idempotent; a later publish starts them again)."""
@@ -528,19 +453,7 @@ class WeightPublisher:
             )
             for name, shape in shapes.items()
         ]
-        if delta.stream is not None:
-            payload = delta.stream.payload()
-        else:  # one stream per changed tensor, laid end to end, each with its own change sum
-            parts, offset = [], 0
-            for entry in entries:
-                if entry.name in delta.per_tensor:
-                    enc, total = delta.per_tensor[entry.name]
-                    blob = enc.payload()
-                    entry.offset, entry.length, entry.encoding = offset, len(blob), enc.meta()
-                    entry.change_sum = format_sum(total)
-                    parts.append(blob)
-                    offset += len(blob)
-            payload = b"".join(parts)
+        payload = delta.stream.payload()
         previous_chain = self._last.chain_bytes if self._last.kind == "delta" else 0
         manifest = Manifest(
             version=version,
@@ -557,7 +470,7 @@ class WeightPublisher:
             created_at=time.time(),
             chunks=[],
             tensors=entries,
-            stream=delta.stream.meta() if delta.stream is not None else None,
-            change_sum=None if delta.change_sum is None else format_sum(delta.change_sum),
+            stream=DeltaStream(**delta.stream.meta()),
+            change_sum=format_sum(delta.change_sum),
         )
         return payload, manifest

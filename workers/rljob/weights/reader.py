@@ -4,7 +4,7 @@ A reader remembers which version its target holds. `sync` fetches only the versi
 (the deltas), or the newest full export when the reader is new, too far behind (the deltas it
 lacks outweigh a full), or its deltas were dropped by retention. Every chunk is CRC-checked before
 anything is applied. After a full, every tensor is checked by SHA-256. A delta (one stream over all
-tensors laid end to end; older publishers wrote one per tensor) is decoded once and written straight
+tensors laid end to end) is decoded once and written straight
 into the target's memory, touching only the changed values, and checked by its change sum (which
 also fails when the target did not hold the base version where the delta touches it) and by
 SHA-256 over the manifest's rotating window (drift elsewhere is caught within `check_versions`
@@ -27,12 +27,11 @@ import torch
 
 from rljob.keys import JobKeys
 from rljob.weights import store
-from rljob.weights.apply import apply_delta, apply_stream, ensure_target, named_tensors, write_full
+from rljob.weights.apply import apply_stream, ensure_target, named_tensors, write_full
 from rljob.weights.checksum import format_sum, tensor_checksum
-from rljob.weights.encoding import EncodedDelta
-from rljob.weights.errors import DeltaFormatError
+from rljob.weights.codec import DeltaFormatError, EncodedDelta
 from rljob.weights.gcpause import gc_paused
-from rljob.weights.manifest import Manifest, TensorEntry
+from rljob.weights.manifest import Manifest
 from rljob.weights.parallel import TensorPool
 from rljob.weights.store import (
     ChecksumMismatchError,
@@ -46,14 +45,13 @@ log = logging.getLogger(__name__)
 Target = torch.nn.Module | MutableMapping[str, torch.Tensor]
 
 # Errors after which refetching (from the newest full) can help.
-RECOVERABLE = (store.MissingChunkError, store.CorruptChunkError, ChecksumMismatchError,
-               VersionUnavailableError, DeltaFormatError)  # fmt: skip
-
-
-def _same_publish(base_id: str, held_id: str) -> bool:
-    """Whether a delta's base publish id names the held publish; "" (a format before 4 or 5 on
-    either side) cannot tell, and is taken as the same, as those formats did."""
-    return not base_id or not held_id or base_id == held_id
+RECOVERABLE = (
+    store.MissingChunkError,
+    store.CorruptChunkError,
+    ChecksumMismatchError,
+    VersionUnavailableError,
+    DeltaFormatError,
+)
 
 
 class WeightLayoutError(WeightStoreError):
@@ -80,14 +78,14 @@ class WeightReader:
         self.max_attempts = max_attempts
         self._pool = TensorPool(threads, "weight-apply")
         self.version: int | None = None  # version the target holds, None when unknown
-        self.publish_id = ""  # that version's publish id (see manifest.py, format 4)
+        self.publish_id = ""  # that version's publish id (a number alone can name two versions)
 
     def latest_version(self) -> int | None:
         return store.latest_version(self.client, self.keys)
 
     def needs_sync(self) -> bool:
         """Whether a version is published that the target does not hold: another number, or the same
-        number under another publish id (a number alone can name two versions, see manifest.py).
+        number under another publish id (after Redis lost its last commit, see manifest.py).
         One round trip."""
         latest, latest_id = store.latest_with_id(self.client, self.keys)
         return latest is not None and (self.version != latest or self.publish_id != latest_id)
@@ -202,10 +200,11 @@ class WeightReader:
         for manifest, _ in manifests:
             if manifest.kind != "delta" or manifest.base_version != base:
                 return None  # a rebase happened, or a gap: the deltas we need are not there
-            if not _same_publish(manifest.base_publish_id, base_id):
+            if manifest.base_publish_id != base_id:
                 # Built on another publish of that number (Redis lost the one we hold): no base here.
-                log.warning("weight delta %d builds on another publish of version %d; taking a full",
-                            manifest.version, base)  # fmt: skip
+                log.warning(
+                    "weight delta %d builds on another publish of version %d; taking a full", manifest.version, base
+                )
                 return None
             chain.append(manifest)
             base, base_id = manifest.version, manifest.publish_id
@@ -234,7 +233,7 @@ class WeightReader:
         for version in sorted(v for v in by_version if full_version < v <= latest):
             chain.append(by_version[version])
         for prev, nxt in itertools.pairwise(chain):
-            if nxt.base_version != prev.version or not _same_publish(nxt.base_publish_id, prev.publish_id):
+            if nxt.base_version != prev.version or nxt.base_publish_id != prev.publish_id:
                 raise VersionUnavailableError(
                     f"delta {nxt.version} builds on {nxt.base_version} (publish {nxt.base_publish_id or '?'}), "
                     f"but the store has {prev.version} (publish {prev.publish_id or '?'})"
@@ -270,12 +269,7 @@ class WeightReader:
         return names
 
     def _apply_delta(self, target: Target, manifest: Manifest, payload: bytes) -> list[str]:
-        if manifest.stream is not None:
-            return self._apply_stream(target, manifest, payload)
-        return self._apply_per_tensor(target, manifest, payload)
-
-    def _apply_stream(self, target: Target, manifest: Manifest, payload: bytes) -> list[str]:
-        """Format 3: one stream over all tensors laid end to end, checked by one change sum."""
+        """One stream over all tensors laid end to end, checked by one change sum."""
         assert manifest.stream is not None
         tensors = named_tensors(target)
         entries = manifest.tensors
@@ -284,30 +278,12 @@ class WeightReader:
                 raise WeightLayoutError(f"weight version {manifest.version} updates {entry.name}, absent here")
             if entry.name in tensors:
                 self._check_shape(tensors[entry.name], entry.shape, entry.name)
-        enc = EncodedDelta.from_meta(manifest.stream, payload)
+        enc = EncodedDelta.from_meta(manifest.stream.model_dump(), payload)
         sizes = [math.prod(entry.shape) for entry in entries]
         actual, touched = apply_stream([tensors.get(entry.name) for entry in entries], sizes, enc, self._pool)
-        _check_change_sum(manifest, "", actual, manifest.change_sum)
+        _check_change_sum(manifest, actual)
         self._verify(tensors, manifest, [entry.name for entry in entries if entry.checksum])
         return [entries[i].name for i in touched]
-
-    def _apply_per_tensor(self, target: Target, manifest: Manifest, payload: bytes) -> list[str]:
-        """Formats 1 and 2: one stream per tensor, each with its own change sum."""
-        view = memoryview(payload)
-        tensors = named_tensors(target)
-        entries = [entry for entry in manifest.tensors if entry.changed and entry.encoding is not None]
-        for entry in entries:
-            if entry.name not in tensors:
-                raise WeightLayoutError(f"weight version {manifest.version} updates {entry.name}, absent here")
-
-        def apply(entry: TensorEntry) -> None:
-            enc = EncodedDelta.from_meta(entry.encoding, view[entry.offset : entry.offset + entry.length])
-            _check_change_sum(manifest, f": {entry.name}", apply_delta(tensors[entry.name], enc), entry.change_sum)
-
-        # Largest first, for an even split over the threads.
-        self._pool.map(apply, sorted(entries, key=lambda entry: -entry.changed), cost=lambda entry: entry.changed)
-        self._verify(tensors, manifest, [entry.name for entry in manifest.tensors if entry.checksum])
-        return [entry.name for entry in entries]
 
     @staticmethod
     def _check_shape(tensor: torch.Tensor, shape: tuple[int, ...] | torch.Size, name: str) -> None:
@@ -323,13 +299,14 @@ class WeightReader:
         self._pool.close()
 
 
-def _check_change_sum(manifest: Manifest, what: str, actual: int, expected: str | None) -> None:
-    """The change sum of what a delta wrote (`what`: "" for the whole version, ": name" for one
-    tensor) against the manifest's; a mismatch means a target off its base or a wrong decode."""
-    if expected is not None and format_sum(actual) != expected:
+def _check_change_sum(manifest: Manifest, actual: int) -> None:
+    """The change sum of what a delta wrote against the manifest's; a mismatch means a target off
+    its base or a wrong decode."""
+    if format_sum(actual) != manifest.change_sum:
         raise ChecksumMismatchError(
-            f"weight version {manifest.version}{what} changed by sum {format_sum(actual)}, manifest says "
-            f"{expected} (the target was not at version {manifest.base_version}, or the delta decoded wrongly)"
+            f"weight version {manifest.version} changed by sum {format_sum(actual)}, manifest says "
+            f"{manifest.change_sum} (the target was not at version {manifest.base_version}, or the delta decoded "
+            "wrongly)"
         )
 
 

@@ -38,7 +38,7 @@ _BATCH_BYTES = 64 * 1024 * 1024
 # KEYS: latest, manifest, versions, events, latest_id, then the version's chunk keys.
 # ARGV: version, manifest JSON, base version of a delta ('' for a full), publish id, 'replace' to
 # re-export the latest version under its own number ('' otherwise), and the publish id of a delta's
-# base ('' for a full, or from a publisher before manifest format 5: not checked).
+# base ('' for a full).
 # The chunks are checked for in slices: Lua's unpack takes at most about 8000 values.
 _COMMIT = """
 local current = redis.call('GET', KEYS[1])
@@ -53,7 +53,7 @@ if ARGV[3] ~= '' and (not current or tonumber(current) ~= tonumber(ARGV[3])) the
   return redis.error_reply('BASE delta ' .. ARGV[1] .. ' builds on ' .. ARGV[3] .. ', but latest is ' ..
     (current or 'none'))
 end
-if ARGV[3] ~= '' and ARGV[6] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[6] then
+if ARGV[3] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[6] then
   return redis.error_reply('BASE delta ' .. ARGV[1] .. ' builds on publish ' .. ARGV[6] .. ' of version ' ..
     ARGV[3] .. ', which the store no longer holds')
 end
@@ -81,7 +81,7 @@ class WeightStoreError(RuntimeError):
 
 
 class ManifestFormatError(WeightStoreError):
-    """A manifest this reader cannot read (a newer format, or damaged)."""
+    """A manifest this reader cannot read (another format, or damaged)."""
 
 
 class MissingChunkError(WeightStoreError):
@@ -117,8 +117,7 @@ def latest_version(client: redis.Redis, keys: JobKeys) -> int | None:
 
 
 def latest_with_id(client: redis.Redis, keys: JobKeys) -> tuple[int | None, str]:
-    """The newest committed version and its publish id ("" from a publisher before format 4), in
-    one round trip."""
+    """The newest committed version and its publish id, in one round trip."""
     version, publish_id = client.mget([keys.weights_latest, keys.weights_latest_id])
     text = publish_id.decode() if isinstance(publish_id, bytes) else (publish_id or "")
     return _int(version), text
@@ -140,17 +139,17 @@ def read_manifests(client: redis.Redis, keys: JobKeys, versions: list[int]) -> l
 
 
 def _parse_manifest(raw: bytes, version: int) -> Manifest:
-    """A manifest, or a clear error when a newer publisher wrote a format this reader predates."""
+    """A manifest, or a clear error when another rljob release wrote it."""
     try:
         return Manifest.from_json(raw)
     except ValidationError as exc:
         try:
             written = int(json.loads(raw).get("format", 0))
         except (ValueError, TypeError, AttributeError):
-            written = 0
-        if written > MANIFEST_FORMAT:
+            written = MANIFEST_FORMAT  # not a manifest at all: damaged
+        if written != MANIFEST_FORMAT:
             raise ManifestFormatError(
-                f"weight version {version} was written in manifest format {written}; this reader knows up to "
+                f"weight version {version} was written in manifest format {written}; this reader reads "
                 f"{MANIFEST_FORMAT}: run the same rljob version in the trainer and the rollout workers"
             ) from exc
         raise ManifestFormatError(f"manifest of weight version {version} is invalid: {exc}") from exc
@@ -216,7 +215,7 @@ def commit(client: redis.Redis, keys: JobKeys, manifest: Manifest, *, replace: b
     """Atomically publish a manifest whose chunks are written; returns its size in bytes.
 
     Refused (nothing changes) when the version is not newer than `latest` or a delta's base is not
-    `latest`, by number or (format 5) by publish id (VersionConflictError), or when a chunk it
+    `latest`, by number or by publish id (VersionConflictError), or when a chunk it
     names is gone (MissingChunkError). With `replace`, the manifest takes the place of the latest
     version's own (same number, a full of the same values: a re-export) and must be for exactly
     that version."""
