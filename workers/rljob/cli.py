@@ -116,8 +116,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     except LocalRunFailed as exc:
         print(f"rljob run failed: {exc}", file=sys.stderr)
         workers = f" --workers {args.workers}" if args.workers != 1 else ""
-        print(f"rljob run: continue it with: rljob run {args.file} --local --results {results}{workers} --resume",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"rljob run: continue it with: rljob run {args.file} --local --results {results}{workers} --resume",
+            file=sys.stderr,
+        )
         return 1
     if code == 0:
         from rljob.plots import plot_run
@@ -144,8 +146,10 @@ def closing_lines(summary: dict, job: RLJob) -> list[str]:
     for label, name in names.items():
         if label in summary:
             ev = summary[label]
-            lines.append(f"{name}: EM {ev['exact_match']:.3f}  F1 {ev['f1']:.3f}  format {ev['format_rate']:.2f}  "
-                         f"searches/q {ev['searches_per_question']:.2f}  (n={ev['questions']}, {scored})")  # fmt: skip
+            lines.append(
+                f"{name}: EM {ev['exact_match']:.3f}  F1 {ev['f1']:.3f}  format {ev['format_rate']:.2f}  "
+                f"searches/q {ev['searches_per_question']:.2f}  (n={ev['questions']}, {scored})"
+            )
     if all("per_question" in summary.get(label, {}) for label in names):
         from rljob.stats import compare_paired
 
@@ -177,8 +181,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from rljob.rollout.worker import run_rollout_worker
 
     stop = _install_stop_handler()
-    run_rollout_worker(job, env.authenticated_redis_url, env.worker_id, stop=stop,
-                       metrics_port=args.metrics_port)  # fmt: skip
+    run_rollout_worker(job, env.authenticated_redis_url, env.worker_id, stop=stop, metrics_port=args.metrics_port)
     return 0
 
 
@@ -256,9 +259,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--questions", help="HotpotQA JSON/JSONL (default: the manifest's eval set)")
     ev.add_argument("--checkpoint", help="trainer checkpoint directory (default: the untrained model)")
     ev.add_argument("--limit", type=int, default=None, help="first N questions")
-    ev.add_argument("--split", choices=["eval", "validation"], default="eval",
-                    help="eval: the manifest's eval set (or --questions); validation: its slice of the training "
-                    "questions that neither warm-up nor RL uses (spec.data.validationQuestions)")  # fmt: skip
+    ev.add_argument(
+        "--split",
+        choices=["eval", "validation"],
+        default="eval",
+        help="eval: the manifest's eval set (or --questions); validation: its slice of the training "
+        "questions that neither warm-up nor RL uses (spec.data.validationQuestions)",
+    )
     ev.add_argument("--output", help="write the result JSON here")
     ev.set_defaults(func=cmd_eval)
     return parser
@@ -268,8 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import logging
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
-                        datefmt="%H:%M:%S")  # fmt: skip
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     try:
         return int(args.func(args) or 0)
     except BadInput as exc:

@@ -89,14 +89,21 @@ class EmbeddedRedis:
     def _start_once(self, timeout: float) -> EmbeddedRedis:
         args = [
             find_redis_server(),
-            "--bind", "127.0.0.1",
-            "--port", str(self.port),
-            "--dir", str(self.workdir),
-            "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "always" if self.appendonly else "no",
-            "--protected-mode", "yes",
-        ]  # fmt: skip
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dir",
+            str(self.workdir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "always" if self.appendonly else "no",
+            "--protected-mode",
+            "yes",
+        ]
         if self.password:
             args += ["--requirepass", self.password]
         if self.die_with_parent:

@@ -16,8 +16,11 @@ def load_metrics(results_dir: Path) -> list[dict]:
 def eval_points(results_dir: Path, rows: list[dict]) -> list[tuple[int, float, float]]:
     """(step, EM, F1) of every evaluation: those the metrics rows carry, and the one before
     training (eval_before.json: it is written before the first step, so no row carries it)."""
-    points = {r["step"]: (r["eval_exact_match"], r["eval_f1"]) for r in rows
-              if r.get("eval_exact_match") is not None and r.get("eval_step") == r["step"]}  # fmt: skip
+    points = {
+        r["step"]: (r["eval_exact_match"], r["eval_f1"])
+        for r in rows
+        if r.get("eval_exact_match") is not None and r.get("eval_step") == r["step"]
+    }
     before = Path(results_dir) / "eval_before.json"
     if before.exists():
         first = json.loads(before.read_text())

@@ -56,8 +56,10 @@ class PairedComparison:
 
     def line(self) -> str:
         low, high = self.f1_gain_interval
-        em = (f"EM {self.em_before:.3f} -> {self.em_after:.3f} ({self.em_gain:+.3f}; {self.em_gained} gained, "
-              f"{self.em_lost} lost, McNemar p={self.em_p_value:.3g})")  # fmt: skip
+        em = (
+            f"EM {self.em_before:.3f} -> {self.em_after:.3f} ({self.em_gain:+.3f}; {self.em_gained} gained, "
+            f"{self.em_lost} lost, McNemar p={self.em_p_value:.3g})"
+        )
         f1 = f"F1 {self.f1_before:.3f} -> {self.f1_after:.3f} ({self.f1_gain:+.3f}, 95% CI {low:+.3f}..{high:+.3f})"
         return f"{em}  {f1}  n={self.questions}"
 
@@ -74,7 +76,15 @@ def compare_paired(before: Sequence[Mapping], after: Sequence[Mapping]) -> Paire
     em_b, em_a = (math.fsum(b["em"] for b, _ in pairs) / n, math.fsum(a["em"] for _, a in pairs) / n)
     f1_b, f1_a = (math.fsum(b["f1"] for b, _ in pairs) / n, math.fsum(a["f1"] for _, a in pairs) / n)
     return PairedComparison(
-        questions=n, em_before=em_b, em_after=em_a, em_gain=em_a - em_b, em_gained=gained, em_lost=lost,
-        em_p_value=mcnemar_exact(gained, lost), f1_before=f1_b, f1_after=f1_a, f1_gain=f1_a - f1_b,
+        questions=n,
+        em_before=em_b,
+        em_after=em_a,
+        em_gain=em_a - em_b,
+        em_gained=gained,
+        em_lost=lost,
+        em_p_value=mcnemar_exact(gained, lost),
+        f1_before=f1_b,
+        f1_after=f1_a,
+        f1_gain=f1_a - f1_b,
         f1_gain_interval=bootstrap_interval([a["f1"] - b["f1"] for b, a in pairs]),
-    )  # fmt: skip
+    )

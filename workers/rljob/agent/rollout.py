@@ -60,11 +60,20 @@ class Episode:
         format_ok = self.answer is not None
         reward, em, f1 = trajectory_reward(self.answer, self.answers, format_ok, len(self.searches), spec)
         return Trajectory(
-            token_ids=self.token_ids, prompt_length=self.prompt_length, loss_mask=self.loss_mask,
-            behaviour_logprobs=self.logprobs, policy_version=policy_version, searches=self.searches,
-            answer=self.answer, reward=reward, exact_match=em, f1=f1, format_ok=format_ok,
-            num_turns=self.turns, finish_reason=self.finish_reason,
-        )  # fmt: skip
+            token_ids=self.token_ids,
+            prompt_length=self.prompt_length,
+            loss_mask=self.loss_mask,
+            behaviour_logprobs=self.logprobs,
+            policy_version=policy_version,
+            searches=self.searches,
+            answer=self.answer,
+            reward=reward,
+            exact_match=em,
+            f1=f1,
+            format_ok=format_ok,
+            num_turns=self.turns,
+            finish_reason=self.finish_reason,
+        )
 
 
 def run_episodes(
@@ -162,7 +171,11 @@ def generate_groups(
             mine = episodes[offset : offset + r.group_size]
             offset += r.group_size
             groups[r.request_id] = TrajectoryGroup(
-                request_id=r.request_id, step=r.step, question_id=r.question_id, worker_id=worker_id,
-                trajectories=[ep.to_trajectory(agent_spec, version) for ep in mine], generation_seconds=seconds,
-            )  # fmt: skip
+                request_id=r.request_id,
+                step=r.step,
+                question_id=r.question_id,
+                worker_id=worker_id,
+                trajectories=[ep.to_trajectory(agent_spec, version) for ep in mine],
+                generation_seconds=seconds,
+            )
     return [groups[r.request_id] for r in requests]

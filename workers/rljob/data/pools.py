@@ -29,8 +29,12 @@ class QuestionPools:
     held_out_as_eval: int  # training questions left out because the evaluation set has them
 
     def sizes(self) -> dict[str, int]:
-        return {"warmup": len(self.warmup), "validation": len(self.validation), "rl": len(self.rl),
-                "dropped_eval_overlap": self.held_out_as_eval}  # fmt: skip
+        return {
+            "warmup": len(self.warmup),
+            "validation": len(self.validation),
+            "rl": len(self.rl),
+            "dropped_eval_overlap": self.held_out_as_eval,
+        }
 
 
 def split_pools(
@@ -82,6 +86,9 @@ def job_pools(spec: RLJobSpec, train_ids: Sequence[str], eval_ids: Iterable[str]
     held = set(eval_ids)
     usable = len(set(train_ids) - held)
     return split_pools(
-        train_ids, held, warmup=warmup_pool_size(spec, usable), validation=spec.data.validation_questions,
+        train_ids,
+        held,
+        warmup=warmup_pool_size(spec, usable),
+        validation=spec.data.validation_questions,
         seed=spec.data.seed,
-    )  # fmt: skip
+    )

@@ -161,9 +161,13 @@ class HFEngine(GenerationEngine):
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1] :]
         out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
             **{self._cache_arg: cache},
-        )  # fmt: skip
+        )
         self.stats.forward_calls += 1
         new_cache = out.cache if self._cache_arg == "cache" else out.past_key_values
         return out.logits[:, -1, :], new_cache

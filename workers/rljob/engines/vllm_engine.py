@@ -41,9 +41,14 @@ def _load_weights_in_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]
 
 class VLLMEngine(GenerationEngine):
     def __init__(
-        self, spec: ModelSpec, device: str = "cuda", seed: int = 0, gpu_memory_utilization: float = 0.5,
-        max_model_len: int | None = None, **llm_kwargs: Any,
-    ) -> None:  # fmt: skip
+        self,
+        spec: ModelSpec,
+        device: str = "cuda",
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.5,
+        max_model_len: int | None = None,
+        **llm_kwargs: Any,
+    ) -> None:
         _engine_in_this_process()
         import vllm
         from vllm import LLM

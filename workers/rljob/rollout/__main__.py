@@ -26,9 +26,14 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
     run_rollout_worker(
-        load_rljob(args.job), args.redis_url, args.worker_id, device=args.device, metrics_port=args.metrics_port,
-        claim_min_idle_ms=args.claim_min_idle_ms, heartbeat_seconds=args.heartbeat_seconds,
-    )  # fmt: skip
+        load_rljob(args.job),
+        args.redis_url,
+        args.worker_id,
+        device=args.device,
+        metrics_port=args.metrics_port,
+        claim_min_idle_ms=args.claim_min_idle_ms,
+        heartbeat_seconds=args.heartbeat_seconds,
+    )
     return 0
 
 

@@ -71,8 +71,9 @@ def _sync(engine: Any, reader: Any, summary: WorkerSummary) -> None:
     # can carry the number this worker already serves.
     if reader.needs_sync():
         outcome = engine.sync_weights(reader)
-        log.info("weights at version %d (%d tensors, %d bytes)", outcome.version, len(outcome.changed),
-                 outcome.bytes_fetched)  # fmt: skip
+        log.info(
+            "weights at version %d (%d tensors, %d bytes)", outcome.version, len(outcome.changed), outcome.bytes_fetched
+        )
     summary.policy_version = engine.policy_version
 
 
@@ -110,9 +111,15 @@ def stale_workers(entries: dict, now: float, max_age_s: float) -> list[str]:
 
 
 def _heartbeat(
-    client: redis.Redis, keys: JobKeys, worker_id: str, shared: _Shared, summary: WorkerSummary,
-    metrics: WorkerMetrics, interval: float, stop: threading.Event,
-) -> None:  # fmt: skip
+    client: redis.Redis,
+    keys: JobKeys,
+    worker_id: str,
+    shared: _Shared,
+    summary: WorkerSummary,
+    metrics: WorkerMetrics,
+    interval: float,
+    stop: threading.Event,
+) -> None:
     while True:
         try:
             with shared.lock:
@@ -120,8 +127,14 @@ def _heartbeat(
                 busy = shared.busy
             if held:
                 streams.refresh_idle(client, worker_id, held)
-            state = {"ts": time.time(), "pid": os.getpid(), "busy": busy, "held": len(held),
-                     "policy_version": summary.policy_version, "groups": summary.groups_published}  # fmt: skip
+            state = {
+                "ts": time.time(),
+                "pid": os.getpid(),
+                "busy": busy,
+                "held": len(held),
+                "policy_version": summary.policy_version,
+                "groups": summary.groups_published,
+            }
             client.hset(keys.workers, worker_id, json.dumps(state))
             stale = stale_workers(client.hgetall(keys.workers), time.time(), max(60.0, 10 * interval))
             if stale:  # killed workers (SIGKILL, OOM) never remove their own entry
@@ -166,8 +179,13 @@ def run_rollout_worker(
         from rljob.engines import load_engine
 
         engine_seed = seed if seed is not None else zlib.crc32(worker_id.encode())
-        engine = load_engine(job.spec.model, job.spec.rollout.engine, device or _default_device(job), seed=engine_seed,
-                             **engine_options(job))  # fmt: skip
+        engine = load_engine(
+            job.spec.model,
+            job.spec.rollout.engine,
+            device or _default_device(job),
+            seed=engine_seed,
+            **engine_options(job),
+        )
     from rljob.weights import WeightReader
 
     reader = WeightReader(client, keys)
@@ -176,9 +194,11 @@ def run_rollout_worker(
     batch_size = batch_size or job.spec.rollout.batch_size
     beat_stop = threading.Event()
     beat = threading.Thread(
-        target=_heartbeat, name=f"heartbeat-{worker_id}", daemon=True,
+        target=_heartbeat,
+        name=f"heartbeat-{worker_id}",
+        daemon=True,
         args=(client, keys, worker_id, shared, summary, metrics, heartbeat_seconds, beat_stop),
-    )  # fmt: skip
+    )
     beat.start()
     log.info("rollout worker %s ready (batch %d)", worker_id, batch_size)
     try:
@@ -212,9 +232,18 @@ def run_rollout_worker(
 
 
 def _serve_batch(
-    client: redis.Redis, keys: JobKeys, engine: Any, reader: Any, retriever: Any, job: RLJob, worker_id: str,
-    held: list[streams.HeldPrompt], stop: threading.Event, summary: WorkerSummary, metrics: WorkerMetrics,
-) -> None:  # fmt: skip
+    client: redis.Redis,
+    keys: JobKeys,
+    engine: Any,
+    reader: Any,
+    retriever: Any,
+    job: RLJob,
+    worker_id: str,
+    held: list[streams.HeldPrompt],
+    stop: threading.Event,
+    summary: WorkerSummary,
+    metrics: WorkerMetrics,
+) -> None:
     broken = [h for h in held if h.request is None]
     streams.reject(client, keys, broken)  # answered with a rejection: poison entries would come back forever
     held = [h for h in held if h.request is not None]

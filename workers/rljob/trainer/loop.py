@@ -164,8 +164,11 @@ def load_questions(job: RLJob) -> tuple[list[Any], list[Any]]:
     scored = [train[i] for i in pools.validation] if job.spec.eval.split == "validation" else evaluation
     log.info(
         "question pools: %s of %d training questions; %d evaluation questions; evaluations score the %s",
-        sizes, len(train), len(evaluation), job.spec.eval.split,
-    )  # fmt: skip
+        sizes,
+        len(train),
+        len(evaluation),
+        job.spec.eval.split,
+    )
     return rl, scored
 
 
@@ -178,9 +181,10 @@ def answerable_questions(job: RLJob, questions: Sequence[Any], train: Sequence[A
     agent = job.spec.agent
     hits = retriever_for(job.spec.data, train, evaluation).search_batch([q.question for q in questions], agent.top_k)
     return [
-        q for q, passages in zip(questions, hits, strict=True)
+        q
+        for q, passages in zip(questions, hits, strict=True)
         if any(answer_found(a, passages, agent.passage_max_words) for a in q.answers)
-    ]  # fmt: skip
+    ]
 
 
 def load_policy_model(job: RLJob) -> torch.nn.Module:
@@ -307,16 +311,22 @@ def _train(
                 enqueue_prompts(client, keys.prompts, reqs)
                 enqueued_through = k
             wanted = [r.request_id for r in step_requests(step, questions, job, 0, run_tag)]
-            groups, entry_ids = collector.collect(step, wanted, timeout_s=collect_timeout_s,
-                                                  on_wait=lambda *_: answer_rebase(publisher))  # fmt: skip
+            groups, entry_ids = collector.collect(
+                step, wanted, timeout_s=collect_timeout_s, on_wait=lambda *_: answer_rebase(publisher)
+            )
             informative, rounds = informative_groups(groups, version, lag), 0
             while grpo.dynamic_sampling and informative < grpo.questions_per_step and rounds < grpo.max_refill_rounds:
-                reqs = refill_requests(step, rounds, grpo.questions_per_step - informative, questions, job,
-                                       version, run_tag)  # fmt: skip
+                reqs = refill_requests(
+                    step, rounds, grpo.questions_per_step - informative, questions, job, version, run_tag
+                )
                 collector.expect(reqs)
                 enqueue_prompts(client, keys.prompts, reqs)
-                more, more_ids = collector.collect(step, [r.request_id for r in reqs], timeout_s=collect_timeout_s,
-                                                   on_wait=lambda *_: answer_rebase(publisher))  # fmt: skip
+                more, more_ids = collector.collect(
+                    step,
+                    [r.request_id for r in reqs],
+                    timeout_s=collect_timeout_s,
+                    on_wait=lambda *_: answer_rebase(publisher),
+                )
                 groups, entry_ids = groups + more, entry_ids + more_ids
                 wanted += [r.request_id for r in reqs]
                 informative, rounds = informative_groups(groups, version, lag), rounds + 1
@@ -363,8 +373,7 @@ def _train(
             last = step + 1 == grpo.total_steps
             if spec.eval.interval and eval_questions and ((step + 1) % spec.eval.interval == 0 or last):
                 eval_started = time.perf_counter()
-                result = _evaluate(client, keys, eval_questions, step + 1, version, metrics, eval_timeout_s,
-                                   publisher)  # fmt: skip
+                result = _evaluate(client, keys, eval_questions, step + 1, version, metrics, eval_timeout_s, publisher)
                 extra["eval_seconds"] = time.perf_counter() - eval_started
                 if result is not None:
                     writer.write_eval(f"eval_step{step + 1}", result)  # per question: EM at equal wall time
@@ -398,9 +407,15 @@ def prepare_trainer(
     dtype = compute_dtype(spec.model.dtype, device)
     log.info("trainer computes in %s (spec.model.dtype %s), master weights fp32", dtype, spec.model.dtype)
     trainer = GRPOTrainer(
-        model, ref, spec.grpo, device, pad_token_id=pad_token_id_of(model), gang=gang,
-        temperature=spec.agent.temperature, compute_dtype=dtype,
-    )  # fmt: skip
+        model,
+        ref,
+        spec.grpo,
+        device,
+        pad_token_id=pad_token_id_of(model),
+        gang=gang,
+        temperature=spec.agent.temperature,
+        compute_dtype=dtype,
+    )
     control_barrier(gang)  # a slow load (a download, a cold disk) must not run into the collective timeout
     broadcast_parameters(gang, trainer.model)  # after the move to the device: nccl broadcasts CUDA tensors
 
@@ -488,8 +503,10 @@ def _restore_reference(job: RLJob, gang: Gang, trainer: GRPOTrainer, checkpoint_
         elif job.spec.warmup.enabled:
             log.warning(
                 "no %s beside the checkpoints in %s: the KL reference is now the base model, not the "
-                "warmed-up policy the run started with", REFERENCE_FILE, checkpoint_dir,
-            )  # fmt: skip
+                "warmed-up policy the run started with",
+                REFERENCE_FILE,
+                checkpoint_dir,
+            )
     if broadcast_object(gang, found):
         broadcast_parameters(gang, trainer.ref_model)
 
@@ -507,8 +524,14 @@ def warm_up(
         from rljob.warmup import warmup_for_job
 
         result = warmup_for_job(job, trainer.model, device, progress=progress, autocast_dtype=trainer.autocast_dtype)
-        log.info("warm-up: %d demonstrations, %d steps, loss %.3f -> %.3f in %.0fs", result.examples,
-                 result.steps, result.first_loss, result.last_loss, result.seconds)  # fmt: skip
+        log.info(
+            "warm-up: %d demonstrations, %d steps, loss %.3f -> %.3f in %.0fs",
+            result.examples,
+            result.steps,
+            result.first_loss,
+            result.last_loss,
+            result.seconds,
+        )
         if writer is not None:
             writer.write_eval("warmup", result.as_dict())
         done = result.steps
@@ -532,15 +555,25 @@ def _evaluate(
     from rljob.trainer.streams import eval_round
 
     try:
-        groups = eval_round(client, keys, eval_requests(step, questions, version), timeout_s=timeout_s,
-                            on_wait=lambda: answer_rebase(publisher))  # fmt: skip
+        groups = eval_round(
+            client,
+            keys,
+            eval_requests(step, questions, version),
+            timeout_s=timeout_s,
+            on_wait=lambda: answer_rebase(publisher),
+        )
     except TimeoutError as exc:
         log.warning("eval at step %d skipped: %s", step, exc)
         return None
     result = rollout_metrics(groups)
     _update(metrics, {"eval_step": step, "eval_exact_match": result["exact_match"], "eval_f1": result["f1"]})
-    return {**result, "step": step, "policy_version": version, "questions": len(groups),
-            "per_question": per_question_scores(groups)}  # fmt: skip
+    return {
+        **result,
+        "step": step,
+        "policy_version": version,
+        "questions": len(groups),
+        "per_question": per_question_scores(groups),
+    }
 
 
 def answer_rebase(publisher: Any) -> None:

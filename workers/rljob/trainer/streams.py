@@ -90,9 +90,12 @@ class TrajectoryCollector:
         backlog = self._backlog_cursor is not None
         start = self._backlog_cursor if backlog else ">"
         reply = self.client.xreadgroup(
-            TRAINER_GROUP, self.consumer, {self.keys.trajectories: start}, count=256,
+            TRAINER_GROUP,
+            self.consumer,
+            {self.keys.trajectories: start},
+            count=256,
             block=None if backlog else block_ms,
-        )  # fmt: skip
+        )
         entries = reply[0][1] if reply else []
         if backlog:
             self._backlog_cursor = _s(entries[-1][0]) if entries else None
@@ -180,8 +183,13 @@ class TrajectoryCollector:
                 break
             if time.monotonic() - last_report >= 15:
                 last_report = time.monotonic()
-                log.info("step %d: %d/%d trajectory groups in (%.0fs)", step, len(wanted) - len(missing),
-                         len(wanted), last_report - started)  # fmt: skip
+                log.info(
+                    "step %d: %d/%d trajectory groups in (%.0fs)",
+                    step,
+                    len(wanted) - len(missing),
+                    len(wanted),
+                    last_report - started,
+                )
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 raise TimeoutError(f"step {step}: {len(missing)} of {len(wanted)} trajectory groups missing")
             for entry_id, fields in self._read(self.block_ms):

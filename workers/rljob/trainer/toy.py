@@ -125,9 +125,15 @@ def run_toy_training(
     device = torch.device("cpu")
     gang = init_gang(device)
     spec = GRPOSpec(
-        **{"group_size": 4, "questions_per_step": 2, "learning_rate": 1e-2, "micro_batch_size": 3,
-           "seed": seed, **(spec_overrides or {})}
-    )  # fmt: skip
+        **{
+            "group_size": 4,
+            "questions_per_step": 2,
+            "learning_rate": 1e-2,
+            "micro_batch_size": 3,
+            "seed": seed,
+            **(spec_overrides or {}),
+        }
+    )
     torch.manual_seed(spec.seed)
     model = tiny_causal_lm(32, seed=spec.seed)
     broadcast_parameters(gang, model)
@@ -153,9 +159,13 @@ def run_toy_training(
         groups = None
         if gang.is_main:
             groups = sample_toy_groups(
-                trainer.model, step=step, questions=spec.questions_per_step, group_size=spec.group_size,
-                policy_version=version, target_tokens=target_tokens,
-            )  # fmt: skip
+                trainer.model,
+                step=step,
+                questions=spec.questions_per_step,
+                group_size=spec.group_size,
+                policy_version=version,
+                target_tokens=target_tokens,
+            )
         groups = broadcast_object(gang, groups)
         rewards.append(mean_reward(groups))
         trainer.train_step(groups, version)
@@ -191,10 +201,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     result = run_toy_training(
-        steps=args.steps, out=args.out, checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every=args.checkpoint_every, spec_overrides=json.loads(args.spec),
-        record_grads=args.record_grads, progress=True,
-    )  # fmt: skip
+        steps=args.steps,
+        out=args.out,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
+        spec_overrides=json.loads(args.spec),
+        record_grads=args.record_grads,
+        progress=True,
+    )
     print(json.dumps({"rewards": result["rewards"], "version": result["version"]}))
 
 

@@ -44,9 +44,11 @@ def load_records(path: str | Path, limit: int | None = None) -> Iterator[Mapping
     """Raw HotpotQA records (JSON array or JSON Lines, plain or gzip): demonstrations need `supporting_facts`."""
     with open_text(path) as fh:
         text = fh.read()
-    records = json.loads(text) if text.lstrip().startswith("[") else (
-        json.loads(line) for line in text.splitlines() if line.strip()
-    )  # fmt: skip
+    records = (
+        json.loads(text)
+        if text.lstrip().startswith("[")
+        else (json.loads(line) for line in text.splitlines() if line.strip())
+    )
     for n, record in enumerate(records):
         if limit is not None and n >= limit:
             return

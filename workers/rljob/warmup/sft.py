@@ -99,8 +99,12 @@ def run_sft(
             result.steps += 1
             result.losses.append(total / max(tokens, 1))
             if progress:
-                print(f"[warmup] step {result.steps}/{total_steps} loss {result.losses[-1]:.4f} "
-                      f"tokens {tokens} {time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"[warmup] step {result.steps}/{total_steps} loss {result.losses[-1]:.4f} "
+                    f"tokens {tokens} {time.perf_counter() - started:.0f}s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     optimizer.zero_grad(set_to_none=True)
     model.train(was_training)
     result.first_loss, result.last_loss = result.losses[0], result.losses[-1]
@@ -152,11 +156,19 @@ def warmup_for_job(
             "the warm-up"
         )
     if len(demos) < wanted:
-        log.warning("warm-up: %d of the %d demonstrations wanted, from all %d train questions read",
-                    len(demos), wanted, read)  # fmt: skip
+        log.warning(
+            "warm-up: %d of the %d demonstrations wanted, from all %d train questions read", len(demos), wanted, read
+        )
     if progress:
         print(f"[warmup] {len(demos)} demonstrations from {read} train questions", file=sys.stderr, flush=True)
-    result = run_sft(model, demos, job.spec.warmup, pad_token_id=pad_token_id_of(model), device=device,
-                     progress=progress, autocast_dtype=autocast_dtype)  # fmt: skip
+    result = run_sft(
+        model,
+        demos,
+        job.spec.warmup,
+        pad_token_id=pad_token_id_of(model),
+        device=device,
+        progress=progress,
+        autocast_dtype=autocast_dtype,
+    )
     result.records_read = read
     return result

@@ -64,11 +64,8 @@ def gather_bits(tensor: torch.Tensor, positions: np.ndarray | None, out: np.ndar
     """The bf16 patterns `tensor` holds at flat `positions` (all when None), as uint16, in `out`
     when given (fp32 targets: upper halves).
 
-    On the CPU, `np.take` on a view of the tensor's memory, straight into `out`: 1.04-1.37x
-    numpy's fancy indexing and a copy into the buffer (benchmarks/bench_weight_kernels.py), and
-    faster than torch's advanced indexing on bf16. Positions come from a decoder that checked
-    their range and order; ``wrap`` spares take its per-index bounds branch, and would keep even
-    a stray index inside the tensor, where the change sum catches it.
+    On the CPU, `np.take` on a view of the tensor's memory, straight into `out`. Positions come
+    from a decoder that checked their range; ``wrap`` spares take its per-index bounds branch.
     """
     flat = _flat(tensor)
     if flat.device.type != "cpu":
@@ -97,8 +94,7 @@ def scatter_bits(tensor: torch.Tensor, positions: np.ndarray | None, values: np.
     """Write bf16 patterns `values` at flat `positions` of `tensor` (all when None), in place. An
     fp32 target holds each bf16 value exactly: upper 16 bits, lower zero.
 
-    On the CPU, torch's `scatter_` on an integer view of the tensor (zero-copy from the numpy
-    arrays): 1.11-1.47x numpy's fancy assignment (benchmarks/bench_weight_kernels.py).
+    On the CPU, torch's `scatter_` on an integer view of the tensor (zero-copy from numpy).
     """
     flat = _flat(tensor)
     if flat.device.type != "cpu":

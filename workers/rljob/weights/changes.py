@@ -10,8 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 # Elements compared per block in `find_changes`: large enough that per-call overhead (held under
-# the GIL) weighs less when two threads share the pass (benchmarks/bench_weight_pass.py, 2 threads:
-# 136-141 ms per model pass with 1M-element blocks vs 166-196 ms with 256K over three runs).
+# the GIL) weighs little when two threads share the pass (benchmarks/bench_weight_pass.py).
 _COMPARE_BLOCK = 1 << 20
 
 
@@ -41,9 +40,9 @@ BlockSource = Callable[[int, int], np.ndarray]
 def find_changes(old_bits: np.ndarray, new_bits: np.ndarray | BlockSource, *, advance: bool = False) -> Changes:
     """Where two bit-pattern arrays differ, with both sides' values there.
 
-    One pass in cache-sized blocks into a reused bool buffer (about twice as fast as a plain
-    ``np.flatnonzero(old != new)``, which writes and rereads a mask the size of the tensor); the
-    values are gathered while their block is still in cache. With `advance`, `old_bits` (which must
+    One pass in cache-sized blocks into a reused bool buffer (a plain ``np.flatnonzero(old != new)``
+    writes and rereads a mask the size of the tensor); the values are gathered while their block
+    is still in cache. With `advance`, `old_bits` (which must
     then be a writable flat uint16 array) is updated to the new values on the way, for the same
     reason. `new_bits` may be a function (start, stop) -> uint16 block, so that a caller can make
     each block just before it is compared (the publisher casts fp32 to bf16 that way, in cache).
@@ -80,35 +79,14 @@ def find_changes(old_bits: np.ndarray, new_bits: np.ndarray | BlockSource, *, ad
 def _block_changes(
     old: np.ndarray, new: np.ndarray, scratch: np.ndarray, advance: bool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Changes within one block (positions local to it), compared four values at a time.
-
-    The block is compared as 64-bit words first, so numpy's nonzero (the costly step: about 1 ns
-    per element) scans a quarter as many flags; only the words that differ are split into their
-    four values: 1.06-1.16x the per-value comparison at 1% and 10% density
-    (benchmarks/bench_weight_kernels.py). Where most words differ (dense changes), the per-value
-    comparison is used instead.
-    """
-    whole = old.size - old.size % 4
-    old_words, new_words = old[:whole].view(np.uint64), new[:whole].view(np.uint64)
-    word_differs = scratch[: whole // 4]
-    np.not_equal(old_words, new_words, out=word_differs)
-    words = np.flatnonzero(word_differs)
-    if words.size * 2 > word_differs.size or whole < old.size:  # dense, or a tail that is not a word
-        differ = scratch[: old.size]
-        np.not_equal(old, new, out=differ)
-        hit = np.flatnonzero(differ)
-        was, now = old[hit], new[hit]
-        if advance:
-            old[hit] = now
-        return hit, was, now
-    old_lanes, new_lanes = old_words[words].view(np.uint16), new_words[words].view(np.uint16)
-    lanes = np.flatnonzero(old_lanes != new_lanes)
-    hit = words[lanes >> 2]
-    hit <<= 2
-    hit += lanes & 3
+    """Changes within one block (positions local to it), the flags in a reused buffer."""
+    differ = scratch[: old.size]
+    np.not_equal(old, new, out=differ)
+    hit = np.flatnonzero(differ)
+    was, now = old[hit], new[hit]
     if advance:
-        old_words[words] = new_words[words]  # whole words: their unchanged values are equal anyway
-    return hit, old_lanes[lanes], new_lanes[lanes]
+        old[hit] = now
+    return hit, was, now
 
 
 def merge_changes(parts: Sequence[Changes], sizes: Sequence[int]) -> tuple[Changes, int]:
@@ -121,7 +99,7 @@ def merge_changes(parts: Sequence[Changes], sizes: Sequence[int]) -> tuple[Chang
     for c, offset in zip(parts, offsets, strict=False):  # shifted straight into place: no copy per part
         np.add(c.positions, offset, out=positions[at : at + c.count])
         at += c.count
-    values = [np.concatenate([getattr(c, side) for c in parts]) if parts else np.zeros(0, dtype=np.uint16)
-              for side in ("old", "new")]  # fmt: skip
-    merged = Changes(positions, *values)
-    return merged, int(offsets[-1])
+    empty = np.zeros(0, dtype=np.uint16)
+    old = np.concatenate([c.old for c in parts]) if parts else empty
+    new = np.concatenate([c.new for c in parts]) if parts else empty
+    return Changes(positions, old, new), int(offsets[-1])

@@ -62,9 +62,8 @@ def change_sum_of_parts(
     starts at index `starts[k]` (starts[0] == 0) and its positions are offset by `offsets[k]`.
 
     Computed as 2 * dot(d, p) + sum_k (2 offset_k + 1) * (sum of d over part k), with
-    d = T[new] - T[old]: a handful of numpy calls per block of changes for all parts together. The
-    blocks keep d in cache in two reused buffers instead of two fresh arrays the size of the
-    changes (1.3-1.9x at 1% and 10% density: benchmarks/bench_weight_kernels.py).
+    d = T[new] - T[old]: a handful of numpy calls per block of changes for all parts together, in
+    two reused buffers that stay in cache.
     """
     count = positions.size
     if count == 0:

@@ -1,10 +1,8 @@
 """Keep Python's cyclic garbage collector out of a latency-critical section.
 
 Publishing or applying a version allocates a few thousand small objects (the manifest's entries),
-which can trigger a full collection in the middle of a sync: one took 0.2 s while I profiled a
-sync of the full model (a one-off observation, not a repo benchmark), longer than the whole delta.
-The pause is deferred, not removed: the collector runs again as soon as the section ends, between
-versions, where nobody waits on it.
+which can trigger a full collection, longer than a whole delta, in the middle of a sync. The pause
+is deferred, not removed: the collector runs again between versions, where nobody waits on it.
 """
 
 from __future__ import annotations

@@ -49,13 +49,11 @@ def one_torch_thread_here() -> None:
     """Make torch's own ops run on one core in the calling thread only.
 
     A pool thread is one of `threads` already spread over the cores. Left alone, each torch op in
-    it (the publisher's fp32 -> bf16 cast, the reader's scatter) starts an OpenMP team of every
-    core, so two pool threads ran four busy threads on two cores (`benchmarks/bench_weight_pass.py`,
-    "torch threads in the pool" rows, compares the two). `torch.set_num_threads(1)`
-    cannot be used: it also changes the default of every thread the process starts later (a
-    global in ATen). OpenMP's own `omp_set_num_threads` sets the calling thread's value only; the
-    `get_num_threads` first makes torch initialise this thread now, so that it does not overwrite
-    the value later. Without OpenMP (another torch build), nothing changes.
+    it (the publisher's cast, the reader's scatter) starts an OpenMP team of every core.
+    `torch.set_num_threads(1)` cannot be used: it also changes the default of every thread the
+    process starts later. OpenMP's own `omp_set_num_threads` sets the calling thread's value only;
+    the `get_num_threads` first makes torch initialise this thread now, so that it does not
+    overwrite the value later. Without OpenMP (another torch build), nothing changes.
     """
     import torch
 
@@ -112,8 +110,7 @@ class TensorPool:
         """`[fn(x) for x in items]`, in order; the first exception raised is re-raised here.
 
         Items run in contiguous batches, a few per thread, of about equal total `cost` (default:
-        equal counts): a pool task costs tens of microseconds, so one task per tensor (272 for
-        SmolLM2) took 16 ms per map on two threads, a tenth of a whole 1% delta.
+        equal counts): a pool task costs tens of microseconds, too much for one per tensor.
         """
         items = list(items)
         if self.threads == 1 or len(items) < 2:

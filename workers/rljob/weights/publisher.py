@@ -309,12 +309,20 @@ class WeightPublisher:
             self.client.delete(*stale)
         self.client.delete(self.keys.weights_rebase)
         self._retain()
-        log.warning("re-exported weight version %d as a full: a reader asked (%s)", old.version,
-                    requested.decode(errors="replace")[:200])  # fmt: skip
+        log.warning(
+            "re-exported weight version %d as a full: a reader asked (%s)",
+            old.version,
+            requested.decode(errors="replace")[:200],
+        )
         return PublishResult(
-            version=old.version, kind="full", bytes=len(payload) + manifest_bytes, payload_bytes=len(payload),
-            numel=manifest.numel, write_seconds=time.perf_counter() - started, reason="a reader asked for a rebase",
-        )  # fmt: skip
+            version=old.version,
+            kind="full",
+            bytes=len(payload) + manifest_bytes,
+            payload_bytes=len(payload),
+            numel=manifest.numel,
+            write_seconds=time.perf_counter() - started,
+            reason="a reader asked for a rebase",
+        )
 
     def _new_bits(self, tensor: torch.Tensor) -> np.ndarray | BlockSource:
         """The tensor's bf16 patterns, flat: a view of a CPU bf16 tensor; for a CPU fp32 tensor a

@@ -342,6 +342,9 @@ def delete_orphans(client: redis.Redis, keys: JobKeys, candidates: list[tuple[st
     for start in range(0, len(candidates), 500):
         batch = candidates[start : start + 500]
         names = [name for key, version in batch for name in (key, keys.weights_manifest(version))]
-        dropped += int(client.eval(_DROP_ORPHANS, 1 + len(names), keys.weights_versions, *names,
-                                   *[version for _, version in batch]))  # fmt: skip
+        dropped += int(
+            client.eval(
+                _DROP_ORPHANS, 1 + len(names), keys.weights_versions, *names, *[version for _, version in batch]
+            )
+        )
     return dropped
