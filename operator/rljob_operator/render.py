@@ -289,8 +289,6 @@ def _worker_pod_spec(job: RLJob, role: str, command: list[str], extra_env: list[
         {"name": "RLJOB_REDIS_URL", "value": redis_url(job)},
         _secret_env("RLJOB_REDIS_PASSWORD", redis_password_secret(job)),
         {"name": "RLJOB_CHECKPOINT_DIR", "value": CHECKPOINT_DIR},
-        {"name": "RLJOB_ROLE", "value": role},
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "HOME", "value": "/tmp"},
         {"name": "HF_HOME", "value": "/tmp/hf"},
         *extra_env,

@@ -151,7 +151,6 @@ def test_trains_publishes_evaluates_checkpoints_and_resumes(
         assert json.loads((results / "eval_before.json").read_text())["step"] == 0
         assert json.loads((results / "eval_after.json").read_text())["step"] == 3
         assert [x.get("eval_step") for x in lines_of(results)] == [0, 2, 3]
-        assert client.hget(keys.control, "done") == b"1"
         lines = [json.loads(x) for x in (results / "metrics.jsonl").read_text().splitlines()]
         assert [x["step"] for x in lines] == [1, 2, 3]
         assert [x["policy_version"] for x in lines] == [1, 2, 3]
@@ -160,7 +159,6 @@ def test_trains_publishes_evaluates_checkpoints_and_resumes(
         assert all(x["train_updated"] and x["train_tokens"] > 0 for x in lines)
         assert all(x["weight_changed"] > 0 for x in lines)  # the deltas carry the updates
         assert all(x["wait_seconds"] > 0 and x["train_seconds"] > 0 for x in lines)
-        assert client.xlen(keys.metrics_log) == 3
         assert sorted(p.name for p in ckpt.iterdir()) == ["step-00000002", "step-00000003"]
         # synchronous mode: step k's prompts wait for version k; each question once per step
         prompts = list(sent_prompts)
@@ -170,7 +168,6 @@ def test_trains_publishes_evaluates_checkpoints_and_resumes(
         _assert_streams_empty(client, keys)
 
         # A new gang process with a longer horizon resumes from the step-3 checkpoint.
-        client.hdel(keys.control, "done")
         run_trainer(_job(tiny_model_dir, total_steps=4), redis_server.url, str(ckpt), progress=False)
         m = TrainerMetrics.from_redis(client.hgetall(keys.metrics))
         assert m.state == "succeeded" and m.step == 4
@@ -192,7 +189,6 @@ def test_a_failure_is_recorded_in_the_metrics_hash(redis_server, tmp_path: Path)
     client = redis.Redis.from_url(redis_server.url)
     m = TrainerMetrics.from_redis(client.hgetall(JobKeys("test", "grpo-it").metrics))
     assert m.state == "failed" and m.message
-    assert client.hget(JobKeys("test", "grpo-it").control, "done") is None
 
 
 @pytest.mark.slow

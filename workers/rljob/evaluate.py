@@ -27,15 +27,20 @@ def summarise_eval(groups: Sequence[TrajectoryGroup]) -> dict[str, Any]:
     return summary
 
 
-def eval_requests(questions: Sequence[Any], tag: str = "eval") -> list[PromptRequest]:
+def eval_requests(
+    questions: Sequence[Any], tag: str = "eval", *, step: int = -1, min_policy_version: int = 0
+) -> list[PromptRequest]:
+    """One greedy sample per question; `step` and `min_policy_version` for the trainer's evaluations
+    of its own weights (through the rollout workers)."""
     return [
         PromptRequest(
             request_id=f"{tag}-{i}-{q.id}",
-            step=-1,
+            step=step,
             question_id=q.id,
             question=q.question,
             answers=list(q.answers),
             group_size=1,
+            min_policy_version=min_policy_version,
             greedy=True,
         )
         for i, q in enumerate(questions)

@@ -45,11 +45,6 @@ class JobKeys:
         return self.prefix + "metrics"
 
     @property
-    def metrics_log(self) -> str:
-        """Stream of per-step metrics (the history behind the hash)."""
-        return self.prefix + "metrics:log"
-
-    @property
     def weights_latest(self) -> str:
         return self.prefix + "weights:latest"
 
@@ -91,8 +86,3 @@ class JobKeys:
     def workers(self) -> str:
         """Hash worker-id -> heartbeat JSON (busy flag, weight version)."""
         return self.prefix + "workers"
-
-    @property
-    def control(self) -> str:
-        """Hash of control flags (e.g. `done` when training finished)."""
-        return self.prefix + "control"

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from rljob import evaluate
 from rljob.config import RLJob
 from rljob.keys import JobKeys
 from rljob.protocol import EVAL_ID_PREFIX, PromptRequest, TrainerMetrics
@@ -127,19 +128,10 @@ def step_requests(
 
 
 def eval_requests(step: int, questions: Sequence[Any], version: int) -> list[PromptRequest]:
-    return [
-        PromptRequest(
-            request_id=f"{EVAL_ID_PREFIX}s{step}-v{version}-{k}-{q.id}",
-            step=step,  # the trainer step whose weights are evaluated
-            question_id=q.id,
-            question=q.question,
-            answers=list(q.answers),
-            group_size=1,
-            min_policy_version=version,
-            greedy=True,
-        )
-        for k, q in enumerate(questions)
-    ]
+    """Greedy requests scoring the weights of `step` (policy `version`), with ids no other step shares."""
+    return evaluate.eval_requests(
+        questions, f"{EVAL_ID_PREFIX}s{step}-v{version}", step=step, min_policy_version=version
+    )
 
 
 def load_questions(job: RLJob) -> tuple[list[Any], list[Any]]:

@@ -1,8 +1,7 @@
 """Per-step metrics: computed from the step's trajectory groups, written to Redis and a JSONL file.
 
 The job's metrics hash (`keys.metrics`) holds the latest `TrainerMetrics` for the operator's status;
-`keys.metrics_log` gets one entry per step (the history); `results_dir/metrics.jsonl` one line per
-step for plots and benchmarks.
+`results_dir/metrics.jsonl` one line per step for plots and benchmarks.
 """
 
 from __future__ import annotations
@@ -14,8 +13,6 @@ from typing import Any
 
 from rljob.keys import JobKeys
 from rljob.protocol import TrainerMetrics, TrajectoryGroup
-
-METRICS_LOG_MAXLEN = 100_000
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -44,7 +41,7 @@ def per_question_scores(groups: Sequence[TrajectoryGroup]) -> list[dict[str, flo
 
 
 class MetricsWriter:
-    """Writes each step's metrics to the hash, the log stream and (optionally) metrics.jsonl."""
+    """Writes each step's metrics to the hash and (optionally) metrics.jsonl."""
 
     def __init__(self, client: Any, keys: JobKeys, results_dir: str | Path | None = None) -> None:
         self.client = client
@@ -55,14 +52,10 @@ class MetricsWriter:
             self.jsonl = Path(results_dir) / "metrics.jsonl"
 
     def write(self, metrics: TrainerMetrics, extra: dict[str, Any] | None = None, *, log: bool = True) -> None:
-        """Update the hash; with `log`, also append to the stream and the JSONL file."""
+        """Update the hash; with `log`, also append to the JSONL file."""
         self.client.hset(self.keys.metrics, mapping=metrics.to_redis())
-        if not log:
-            return
-        record = {**metrics.model_dump(), **(extra or {})}
-        line = json.dumps(record, sort_keys=True)
-        self.client.xadd(self.keys.metrics_log, {"data": line}, maxlen=METRICS_LOG_MAXLEN, approximate=True)
-        if self.jsonl is not None:
+        if log and self.jsonl is not None:
+            line = json.dumps({**metrics.model_dump(), **(extra or {})}, sort_keys=True)
             with open(self.jsonl, "a", encoding="utf-8") as fh:
                 fh.write(line + "\n")
 
@@ -72,9 +65,7 @@ class MetricsWriter:
             (self.jsonl.parent / f"{name}.json").write_text(json.dumps(result, indent=2, sort_keys=True))
 
     def finish(self, metrics: TrainerMetrics, *, succeeded: bool, message: str = "") -> None:
-        """Final state; success also raises the `done` flag the rollout workers and operator watch."""
+        """The final state, which the operator reads into the RLJob's status."""
         metrics.state = "succeeded" if succeeded else "failed"
         metrics.message = message[:2000]
         self.client.hset(self.keys.metrics, mapping=metrics.to_redis())
-        if succeeded:
-            self.client.hset(self.keys.control, "done", "1")
