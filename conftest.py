@@ -13,8 +13,9 @@ from rljob.embedded_redis import EmbeddedRedis, RedisNotInstalled
 REPO = Path(__file__).resolve().parent
 # pyproject's `pythonpath` puts this checkout's packages first for pytest itself; the processes
 # tests start (the operator, `python -m rljob`, workers) get them through PYTHONPATH, so they too
-# run this checkout's code, not what the shared venv's editable install points at.
-_OWN_PATHS = [str(REPO / "workers"), str(REPO / "operator")]
+# run this checkout's code, not what the shared venv's editable install points at. tests/ itself
+# is there for `support`, the test scaffolding (toy environments, tiny models) kept out of the wheel.
+_OWN_PATHS = [str(REPO / "workers"), str(REPO / "operator"), str(REPO / "tests")]
 os.environ["PYTHONPATH"] = os.pathsep.join(
     _OWN_PATHS + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in _OWN_PATHS]
 )

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    from rljob.engines.models import save_tiny_model
+    from support.tiny_models import save_tiny_model
 
     texts = [q.question for q in load_questions(hotpotqa_file("train.jsonl"), limit=200)]
     return save_tiny_model(tmp_path_factory.mktemp("tiny-model"), texts, vocab_size=256)

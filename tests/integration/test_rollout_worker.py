@@ -13,12 +13,12 @@ import time
 import pytest
 import redis
 import yaml
+from support.tiny_models import save_tiny_model, tiny_random_model, train_tiny_tokenizer
 
 from rljob.assets import hotpotqa_file
 from rljob.config import RLJob
 from rljob.data.hotpotqa import load_questions
 from rljob.engines.hf import HFEngine
-from rljob.engines.models import save_tiny_model, tiny_random_model, train_tiny_tokenizer
 from rljob.keys import ROLLOUT_GROUP, JobKeys
 from rljob.protocol import PromptRequest, TrajectoryGroup
 from rljob.retrieval import Retriever
@@ -148,7 +148,7 @@ def test_two_workers_one_killed_mid_batch(redis_server, redis_client, tmp_path) 
     ids = _enqueue(redis_client, keys, questions[:8], group_size=2, eval_count=2)
 
     def spawn(worker_id: str) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "rljob.rollout", "--job", str(job_path), "--redis-url", redis_server.url,
+        cmd = [sys.executable, "-m", "support.rollout_worker", "--job", str(job_path), "--redis-url", redis_server.url,
                "--worker-id", worker_id, "--claim-min-idle-ms", "1500", "--heartbeat-seconds", "0.3",
                "--threads", "1"]  # fmt: skip
         return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"{worker_id}.log", "wb"))

@@ -95,8 +95,9 @@ def _toy_reward(t) -> float:
 
 @pytest.fixture
 def tiny_model_dir(tmp_path: Path) -> Path:
+    from support.tiny_models import save_tiny_model
+
     from rljob.data import load_questions
-    from rljob.engines.models import save_tiny_model
 
     texts = [q.question for q in load_questions(hotpotqa_file("train.jsonl"), limit=200)]
     texts += ["<search> </search> <answer> </answer> <information> </information> <think> </think>"] * 20

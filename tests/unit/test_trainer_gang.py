@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.toy import run_toy_training
 
 from rljob.ports import free_port
-from rljob.trainer.toy import run_toy_training
 
 SPEC = '{"micro_batch_size": 3, "questions_per_step": 3}'
 
 
 def _toy_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "rljob.trainer.toy", "--threads", "1", "--spec", SPEC, *args]
+    return [sys.executable, "-m", "support.toy", "--threads", "1", "--spec", SPEC, *args]
 
 
 def _single_thread(fn, **kwargs):
@@ -70,7 +70,7 @@ def test_resume_from_checkpoint_is_bit_identical(tmp_path: Path) -> None:
     assert half["version"] == 2 and (ckpt / "step-00000002").is_dir()
     # the second half in a fresh process, from the checkpoint alone
     result = subprocess.run(
-        [sys.executable, "-m", "rljob.trainer.toy", "--threads", "1", "--steps", "4",
+        [sys.executable, "-m", "support.toy", "--threads", "1", "--steps", "4",
          "--checkpoint-dir", str(ckpt), "--out", str(tmp_path / "resumed.pt")],
         env=_env(), capture_output=True, text=True, timeout=240,
     )  # fmt: skip

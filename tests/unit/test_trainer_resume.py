@@ -8,6 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from support.tiny_models import tiny_causal_lm
+from support.toy import sample_toy_groups
 
 from rljob.config import RLJob
 from rljob.trainer import loop
@@ -23,8 +25,6 @@ from rljob.trainer.checkpoint import (
 from rljob.trainer.distributed import Gang
 from rljob.trainer.grpo import GRPOTrainer
 from rljob.trainer.loop import epoch_order, prepare_trainer, question_indices
-from rljob.trainer.model import tiny_causal_lm
-from rljob.trainer.toy import sample_toy_groups
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

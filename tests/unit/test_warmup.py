@@ -7,13 +7,13 @@ import itertools
 
 import pytest
 import torch
+from support.tiny_models import save_tiny_model, tiny_random_model, train_tiny_tokenizer
 
 from rljob.agent.prompt import information_block, prompt_ids
 from rljob.assets import hotpotqa_file
 from rljob.config import AgentSpec, RLJob, RLJobSpec, WarmupSpec
 from rljob.data.hotpotqa import build_corpus, parse_question
 from rljob.data.pools import job_pools
-from rljob.engines.models import save_tiny_model, tiny_random_model, train_tiny_tokenizer
 from rljob.retrieval import Retriever
 from rljob.trainer.batch import Sample, collate
 from rljob.trainer.loss import token_logprobs

@@ -1,6 +1,6 @@
 """The GRPO trainer gang: pure update maths, the in-process step, and the Redis loop.
 
-`GRPOTrainer.train_step` needs no Redis (tests and toys call it directly); `run_trainer` is the
+`GRPOTrainer.train_step` needs no Redis (tests call it directly); `run_trainer` is the
 gang's entry point that wires it to the job's streams, weight store, metrics and checkpoints.
 """
 

@@ -52,26 +52,3 @@ def pad_token_id_of(model: torch.nn.Module) -> int:
         if isinstance(value, int):
             return value
     return 0
-
-
-def tiny_causal_lm(vocab_size: int = 64, *, hidden: int = 32, layers: int = 2, seed: int = 0) -> torch.nn.Module:
-    """A randomly initialised Llama small enough to train in milliseconds (tests, toys)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=hidden * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        tie_word_embeddings=False,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-    return model.float()

@@ -1,4 +1,5 @@
-"""`python -m rljob.rollout --job job.yaml --redis-url ... --worker-id ...`: one rollout worker."""
+"""`python -m support.rollout_worker --job job.yaml --redis-url ... --worker-id ...`: one rollout worker
+whose claim and heartbeat timings a test can shorten (pods run `rljob rollout`, configured by RLJOB_*)."""
 
 from __future__ import annotations
 

@@ -120,7 +120,7 @@ def run_toy_training(
     from rljob.trainer.checkpoint import latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
     from rljob.trainer.distributed import broadcast_object, broadcast_parameters, close_gang, init_gang
     from rljob.trainer.grpo import GRPOTrainer
-    from rljob.trainer.model import tiny_causal_lm
+    from support.tiny_models import tiny_causal_lm
 
     device = torch.device("cpu")
     gang = init_gang(device)
