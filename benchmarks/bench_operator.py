@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "e2e" / "cluster"))
 
 from localcluster import LocalCluster, build_binaries  # noqa: E402
-from rljob_operator.devrun import OperatorProcess  # noqa: E402
+from operator_process import OperatorProcess  # noqa: E402
 
 CHILDREN_PER_JOB = 10  # ConfigMap, Secret, 2 Services, StatefulSet, NetworkPolicy, Deployment, Job, Workload, PodGroup
 KINDS = "configmaps,secrets,services,statefulsets,networkpolicies,deployments,jobs,workloads,podgroups"

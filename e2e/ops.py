@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from localcluster import wait_for
-from rljob_operator.devrun import OperatorProcess
+from operator_process import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "rljob"

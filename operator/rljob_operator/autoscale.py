@@ -14,7 +14,7 @@ from typing import Any
 
 from rljob.config import RolloutSpec
 from rljob.keys import JobKeys
-from rljob.rollout.streams import backlog_from_groups
+from rljob.queue.backlog import backlog_from_groups
 
 
 def desired_replicas(*, current: int, backlog: int | None, spec: RolloutSpec, seconds_since_scale: float | None) -> int:

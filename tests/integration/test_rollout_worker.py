@@ -13,7 +13,6 @@ import time
 import pytest
 import redis
 import yaml
-from support.tiny_models import save_tiny_model, tiny_random_model, train_tiny_tokenizer
 
 from rljob.assets import hotpotqa_file
 from rljob.config import RLJob
@@ -23,6 +22,7 @@ from rljob.keys import ROLLOUT_GROUP, JobKeys
 from rljob.protocol import PromptRequest, TrajectoryGroup
 from rljob.retrieval import Retriever
 from rljob.rollout.worker import run_rollout_worker
+from support.tiny_models import save_tiny_model, tiny_random_model, train_tiny_tokenizer
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,9 @@ import redis
 
 from rljob.keys import ROLLOUT_GROUP, TRAINER_GROUP, JobKeys
 from rljob.protocol import PromptRequest, Trajectory, TrajectoryGroup
-from rljob.rollout import streams as rollout
-from rljob.trainer.streams import IncompatibleGroupError, TrajectoryCollector, enqueue_prompts, eval_round
+from rljob.queue import worker_end as rollout
+from rljob.queue.backlog import pending_prompts
+from rljob.queue.trainer_end import IncompatibleGroupError, TrajectoryCollector, enqueue_prompts, eval_round
 
 pytestmark = pytest.mark.integration
 
@@ -134,14 +135,14 @@ def test_lag_after_out_of_order_deletes(redis_client) -> None:
     def group_info() -> dict:
         return next(g for g in redis_client.xinfo_groups(KEYS.prompts) if g["name"] == ROLLOUT_GROUP.encode())
 
-    assert group_info()["lag"] == 2 and rollout.pending_prompts(redis_client, KEYS) == 4
+    assert group_info()["lag"] == 2 and pending_prompts(redis_client, KEYS) == 4
     rollout.publish_group(redis_client, KEYS, newer, _group(newer.request))
     # redis-server 7.0 reports null here (the tombstone sits at the last delivered id); a newer one may know it is 2
     assert group_info()["lag"] in (None, 2)
     assert group_info()["pending"] == 1 and redis_client.xlen(KEYS.prompts) == 3
-    assert rollout.pending_prompts(redis_client, KEYS) == 3  # falls back to the length: still exact
+    assert pending_prompts(redis_client, KEYS) == 3  # falls back to the length: still exact
     rollout.publish_group(redis_client, KEYS, older, _group(older.request))
-    assert group_info()["lag"] == 2 and rollout.pending_prompts(redis_client, KEYS) == 2
+    assert group_info()["lag"] == 2 and pending_prompts(redis_client, KEYS) == 2
 
 
 def test_read_new_never_takes_more_than_count(redis_client) -> None:
@@ -366,7 +367,7 @@ def test_late_and_unknown_groups_and_timed_out_eval_rounds_leave_nothing_in_the_
 def test_a_restarted_trainer_clears_what_its_earlier_run_left_queued(redis_client) -> None:
     # The restarted gang asks for its steps under new request ids and drops groups answering the
     # old ones: the old prompts, still queued (eval ones served first), were generated for nothing.
-    from rljob.trainer.streams import clear_earlier_runs
+    from rljob.queue.trainer_end import clear_earlier_runs
 
     rollout.ensure_groups(redis_client, KEYS)
     old = [_request(f"s{k}-q0-r3-x", step=k) for k in range(3)]
@@ -377,5 +378,5 @@ def test_a_restarted_trainer_clears_what_its_earlier_run_left_queued(redis_clien
     assert _lengths(redis_client)["prompts"] == _lengths(redis_client)["eval:prompts"] == 0
     assert rollout.read_new(redis_client, KEYS, "w", count=5, block_ms=0) == []
     assert rollout.publish_group(redis_client, KEYS, held, _group(held.request))  # finishes harmlessly
-    assert rollout.pending_prompts(redis_client, KEYS) == 0
+    assert pending_prompts(redis_client, KEYS) == 0
     assert clear_earlier_runs(redis_client, KEYS) == 0

@@ -60,7 +60,7 @@ def _start_responder(
 def _serve(url: str, job: RLJob, engine, retriever, stop: threading.Event, errors: list[BaseException], score) -> None:
     try:
         from rljob.agent.rollout import generate_groups
-        from rljob.rollout.streams import ensure_groups, publish_group, read_new
+        from rljob.queue.worker_end import ensure_groups, publish_group, read_new
         from rljob.weights import WeightReader
 
         keys = JobKeys(job.metadata.namespace, job.metadata.name)
@@ -95,9 +95,8 @@ def _toy_reward(t) -> float:
 
 @pytest.fixture
 def tiny_model_dir(tmp_path: Path) -> Path:
-    from support.tiny_models import save_tiny_model
-
     from rljob.data import load_questions
+    from support.tiny_models import save_tiny_model
 
     texts = [q.question for q in load_questions(hotpotqa_file("train.jsonl"), limit=200)]
     texts += ["<search> </search> <answer> </answer> <information> </information> <think> </think>"] * 20
@@ -111,7 +110,7 @@ def lines_of(results: Path) -> list[dict]:
 @pytest.fixture
 def sent_prompts(monkeypatch: pytest.MonkeyPatch) -> list[PromptRequest]:
     """Training prompts as the trainer enqueues them: answered ones leave the stream, so record them."""
-    import rljob.trainer.streams as trainer_streams
+    import rljob.queue.trainer_end as trainer_streams
 
     sent: list[PromptRequest] = []
     enqueue = trainer_streams.enqueue_prompts
@@ -200,9 +199,9 @@ def test_policy_lag_pipelines_prompts_ahead(
     """Against the project's own rollout worker (real rewards: all zero for a random model, which is
     fine here: this test is about which prompts go out when, not about learning)."""
     from rljob.engines.hf import HFEngine
+    from rljob.queue.trainer_end import TrajectoryCollector
     from rljob.retrieval.retriever import build_retriever_for_spec
     from rljob.rollout.worker import run_rollout_worker
-    from rljob.trainer.streams import TrajectoryCollector
 
     trained: list = []  # the groups the trainer used (the stream keeps none once acknowledged)
     collect = TrajectoryCollector.collect

@@ -8,10 +8,10 @@ import torch
 
 from rljob.config import WeightSyncSpec
 from rljob.engines.hf import HFEngine
-from rljob.engines.models import tiny_random_model, train_tiny_tokenizer
 from rljob.keys import JobKeys
 from rljob.rollout.worker import WorkerSummary, _sync
 from rljob.weights import WeightPublisher, WeightReader
+from support.tiny_models import tiny_random_model, train_tiny_tokenizer
 
 pytestmark = pytest.mark.integration
 

@@ -33,3 +33,11 @@ def test_backlog_is_lag_plus_pending_of_the_rollout_group() -> None:
     # No lag from Redis: acknowledged prompts are deleted, so the stream holds exactly the backlog.
     assert backlog_from_groups([{"name": "rollout", "lag": None, "pending": 2}], stream_length=5) == 5
     assert backlog_from_groups([], stream_length=4) == 4
+
+
+def test_the_operator_reads_the_queue_without_importing_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, rljob_operator.autoscale, rljob.queue.backlog; sys.exit(int('torch' in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

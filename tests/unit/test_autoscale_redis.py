@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rljob.keys import ROLLOUT_GROUP, JobKeys
-from rljob.rollout.streams import pending_prompts
+from rljob.queue.backlog import pending_prompts
 from rljob_operator.autoscale import read_backlog
 
 

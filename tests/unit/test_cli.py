@@ -192,10 +192,10 @@ def test_rljob_eval_scores_the_weights_the_workers_serve() -> None:
     """Workers run the bf16 values the weight store publishes; `rljob eval` scored the fp32 base
     model or fp32 checkpoint masters, whose greedy trajectories can differ."""
     import torch
-    from support.tiny_models import tiny_causal_lm
 
     from rljob.evaluate import round_to_served
     from rljob.weights.checksum import bf16_bits
+    from support.tiny_models import tiny_causal_lm
 
     model = tiny_causal_lm(32)
     masters = {name: p.detach().clone() for name, p in model.named_parameters()}

@@ -9,7 +9,7 @@ from rljob.assets import hotpotqa_file
 from rljob.data.hotpotqa import load_questions
 from rljob.engines.base import TurnParams
 from rljob.engines.hf import HFEngine, sample_tokens
-from rljob.engines.models import tiny_random_model, train_tiny_tokenizer
+from support.tiny_models import tiny_random_model, train_tiny_tokenizer
 
 torch.set_num_threads(1)
 

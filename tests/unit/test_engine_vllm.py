@@ -14,12 +14,11 @@ pytestmark = [pytest.mark.vllm, pytest.mark.gpu, pytest.mark.slow]
 def engine(tmp_path_factory):
     if not torch.cuda.is_available():
         pytest.skip("vLLM needs a CUDA device")
-    from support.tiny_models import save_tiny_model
-
     from rljob.assets import hotpotqa_file
     from rljob.config import ModelSpec
     from rljob.data.hotpotqa import load_questions
     from rljob.engines import load_engine
+    from support.tiny_models import save_tiny_model
 
     questions = load_questions(hotpotqa_file("dev.jsonl"), limit=60)
     folder = save_tiny_model(tmp_path_factory.mktemp("tiny"), [q.question for q in questions], vocab_size=400)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from support.tiny_models import tiny_causal_lm
 
 from rljob.assets import hotpotqa_file
 from rljob.config import GRPOSpec, RLJob
@@ -11,6 +10,7 @@ from rljob.data import load_questions
 from rljob.protocol import Trajectory, TrajectoryGroup
 from rljob.trainer.grpo import GRPOTrainer
 from rljob.trainer.loop import informative_groups, refill_requests, step_requests
+from support.tiny_models import tiny_causal_lm
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

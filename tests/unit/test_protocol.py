@@ -13,9 +13,9 @@ from rljob.config import AgentSpec
 from rljob.data.hotpotqa import Passage, load_questions
 from rljob.engines.base import Completion, GenerationEngine, TurnParams
 from rljob.engines.hf import HFEngine
-from rljob.engines.models import tiny_random_model, train_tiny_tokenizer
 from rljob.protocol import PromptRequest
 from rljob.retrieval import Retriever
+from support.tiny_models import tiny_random_model, train_tiny_tokenizer
 
 torch.set_num_threads(1)
 

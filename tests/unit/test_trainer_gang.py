@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.toy import run_toy_training
 
 from rljob.ports import free_port
+from support.toy import run_toy_training
 
 SPEC = '{"micro_batch_size": 3, "questions_per_step": 3}'
 

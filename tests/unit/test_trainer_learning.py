@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
-from support.tiny_models import tiny_causal_lm
-from support.toy import mean_reward, sample_toy_groups
 
 from rljob.config import GRPOSpec
 from rljob.trainer.grpo import GRPOTrainer
+from support.tiny_models import tiny_causal_lm
+from support.toy import mean_reward, sample_toy_groups
 
 
 def test_mean_reward_rises_on_a_toy_reward() -> None:

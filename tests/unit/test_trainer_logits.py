@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.tiny_models import tiny_causal_lm
-from support.toy import sample_toy_groups
 
 from rljob.config import GRPOSpec
 from rljob.trainer.batch import collate, trainable_samples
 from rljob.trainer.grpo import GRPOTrainer
 from rljob.trainer.logits import masked_token_logprobs
 from rljob.trainer.loss import aggregate, grpo_token_terms, token_entropy, token_logprobs
+from support.tiny_models import tiny_causal_lm
+from support.toy import sample_toy_groups
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TEMPERATURE = 0.8

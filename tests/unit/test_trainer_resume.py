@@ -8,8 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from support.tiny_models import tiny_causal_lm
-from support.toy import sample_toy_groups
 
 from rljob.config import RLJob
 from rljob.trainer import loop
@@ -25,6 +23,8 @@ from rljob.trainer.checkpoint import (
 from rljob.trainer.distributed import Gang
 from rljob.trainer.grpo import GRPOTrainer
 from rljob.trainer.loop import epoch_order, prepare_trainer, question_indices
+from support.tiny_models import tiny_causal_lm
+from support.toy import sample_toy_groups
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.tiny_models import tiny_causal_lm
-from support.toy import sample_toy_groups
 
 from rljob.config import AgentSpec, GRPOSpec
 from rljob.protocol import TrajectoryGroup
 from rljob.trainer.grpo import GRPOTrainer
+from support.tiny_models import tiny_causal_lm
+from support.toy import sample_toy_groups
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

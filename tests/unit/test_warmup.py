@@ -7,7 +7,6 @@ import itertools
 
 import pytest
 import torch
-from support.tiny_models import save_tiny_model, tiny_random_model, train_tiny_tokenizer
 
 from rljob.agent.prompt import information_block, prompt_ids
 from rljob.assets import hotpotqa_file
@@ -20,6 +19,7 @@ from rljob.trainer.loss import token_logprobs
 from rljob.warmup import build_demonstrations, load_records, run_sft, warmup_for_job
 from rljob.warmup.demonstrations import demonstration_for, supporting_titles
 from rljob.warmup.sft import as_sample, masked_nll
+from support.tiny_models import save_tiny_model, tiny_random_model, train_tiny_tokenizer
 
 SPEC = AgentSpec(max_turns=3, top_k=2, max_new_tokens_per_turn=256, max_total_tokens=4096, passage_max_words=30)
 SHORT = SPEC.model_copy(update={"top_k": 1, "passage_max_words": 8})  # short sequences for the training tests

@@ -30,8 +30,10 @@ import redis
 from rljob.agent.rollout import generate_groups
 from rljob.config import RLJob
 from rljob.keys import JobKeys
+from rljob.queue import backlog
+from rljob.queue import worker_end as streams
+from rljob.queue.done import DoneSet
 from rljob.redis_client import connect
-from rljob.rollout import streams
 from rljob.rollout.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -139,7 +141,7 @@ def _heartbeat(
             stale = stale_workers(client.hgetall(keys.workers), time.time(), max(60.0, 10 * interval))
             if stale:  # killed workers (SIGKILL, OOM) never remove their own entry
                 client.hdel(keys.workers, *stale)
-            metrics.pending_prompts.set(streams.pending_prompts(client, keys))
+            metrics.pending_prompts.set(backlog.pending_prompts(client, keys))
         except redis.RedisError as exc:
             log.warning("heartbeat failed: %s", exc)
         if stop.wait(interval):
@@ -247,7 +249,7 @@ def _serve_batch(
     broken = [h for h in held if h.request is None]
     streams.reject(client, keys, broken)  # answered with a rejection: poison entries would come back forever
     held = [h for h in held if h.request is not None]
-    done = streams.done_request_ids(client, keys, [h.request.request_id for h in held])
+    done = DoneSet(client, keys).answered([h.request.request_id for h in held])
     duplicates = [h for h in held if h.request.request_id in done]
     streams.acknowledge(client, duplicates)
     summary.duplicates_skipped += len(duplicates)

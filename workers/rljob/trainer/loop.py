@@ -258,7 +258,7 @@ def _train(
     publisher = collector = None
     version = 0
     if gang.is_main:
-        from rljob.trainer.streams import TrajectoryCollector, clear_earlier_runs
+        from rljob.queue.trainer_end import TrajectoryCollector, clear_earlier_runs
         from rljob.weights import WeightPublisher
 
         questions, eval_all = load_questions(job)
@@ -293,7 +293,7 @@ def _train(
         groups = entry_ids = None
         roll: dict[str, float] = {}
         if gang.is_main:
-            from rljob.trainer.streams import enqueue_prompts
+            from rljob.queue.trainer_end import enqueue_prompts
 
             # Prompts for up to `lag` future steps are already out while this one trains.
             while enqueued_through < min(step + lag, grpo.total_steps - 1):
@@ -544,7 +544,7 @@ def _evaluate(
     publisher: Any = None,
 ) -> dict[str, Any] | None:
     """Greedy answers to held-out questions from the rollout workers at the just-published version."""
-    from rljob.trainer.streams import eval_round
+    from rljob.queue.trainer_end import eval_round
 
     try:
         groups = eval_round(

@@ -1,4 +1,4 @@
-"""Loading the policy the trainer optimises (fp32 master weights) and tiny models for tests.
+"""Loading the policy the trainer optimises (fp32 master weights).
 
 The trainer needs no tokenizer: rollout workers tokenise, trajectories arrive as token ids. It only
 needs a pad id, which never reaches the loss.

@@ -1,4 +1,4 @@
-"""Rank 0's Redis stream traffic: prompts out, trajectory groups in, eval round trips.
+"""The trainer's end of the queue (rank 0): prompts out, trajectory groups in, eval round trips.
 
 Trajectory groups are read with the trainer consumer group and acknowledged only after the step
 that used them has been trained and published, so a trainer that dies mid-step finds them again
@@ -21,39 +21,25 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis
 
 from rljob.keys import TRAINER_GROUP, JobKeys
-from rljob.protocol import EVAL_ID_PREFIX, PromptRequest, TrajectoryGroup
+from rljob.protocol import PromptRequest, TrajectoryGroup
+from rljob.queue.done import DoneSet
+from rljob.queue.wire import DATA, SKEW_HINT, ensure_group, entry_field, rejection, text
 
 log = logging.getLogger(__name__)
-
-
-_SKEW_HINT = "the rollout workers most likely run an rljob image of a different version than the trainer"
 
 
 class IncompatibleGroupError(RuntimeError):
     """A worker's answers cannot be parsed by this trainer, even after a retry."""
 
 
-def _s(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
-
-
-def ensure_group(client: redis.Redis, stream: str, group: str) -> None:
-    try:
-        client.xgroup_create(stream, group, id="0", mkstream=True)
-    except redis.ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
-
-
 def enqueue_prompts(client: redis.Redis, stream: str, requests: Sequence[PromptRequest]) -> None:
     pipe = client.pipeline(transaction=False)
     for req in requests:
-        pipe.xadd(stream, {"data": req.model_dump_json()})
+        pipe.xadd(stream, {DATA: req.model_dump_json()})
     pipe.execute()
 
 
@@ -77,9 +63,11 @@ class TrajectoryCollector:
     requeued: dict[str, int] = field(default_factory=dict)  # request id -> times re-enqueued
     _backlog_cursor: str | None = "0"  # None once our pending entries have all been read back
     _dropped: str | None = None  # why the last unparsable entry was dropped, until we looked for losses
+    done: DoneSet = field(init=False)
 
     def __post_init__(self) -> None:
         ensure_group(self.client, self.keys.trajectories, TRAINER_GROUP)
+        self.done = DoneSet(self.client, self.keys)
 
     def expect(self, requests: Sequence[PromptRequest]) -> None:
         for req in requests:
@@ -98,19 +86,18 @@ class TrajectoryCollector:
         )
         entries = reply[0][1] if reply else []
         if backlog:
-            self._backlog_cursor = _s(entries[-1][0]) if entries else None
-        return [(_s(eid), fields) for eid, fields in entries]
+            self._backlog_cursor = text(entries[-1][0]) if entries else None
+        return [(text(eid), fields) for eid, fields in entries]
 
     def _accept(self, entry_id: str, fields: dict | None, current_step: int) -> None:
-        rejected = _rejection(fields)
+        rejected = rejection(fields)
         if rejected is not None:  # a worker could not parse our prompt: handled as an unparsable group
             log.warning("a rollout worker rejected the prompt of request %s: %s", *rejected)
             self._dropped = f"a rollout worker could not parse its prompt: {rejected[1]}"
             self.ack([entry_id])
             return
-        raw = (fields or {}).get(b"data", (fields or {}).get("data"))
         try:
-            group = TrajectoryGroup.model_validate_json(raw)
+            group = TrajectoryGroup.model_validate_json(entry_field(fields, DATA))
         except Exception as exc:  # a malformed entry must not wedge the trainer
             log.warning("dropping malformed trajectory entry %s: %s", entry_id, exc)
             self._dropped = f"{type(exc).__name__}: {exc}"[:500]
@@ -142,9 +129,7 @@ class TrajectoryCollector:
         The done set is read before draining the stream: a worker adds the id and its group in one
         transaction, so an id that was done then and still has no group after the drain was dropped."""
         reason, self._dropped = self._dropped, None
-        missing = [r for r in self.expected if r not in self.buffer]
-        flags = self.client.smismember(self.keys.rollout_done, missing) if missing else []
-        answered = [r for r, done in zip(missing, flags, strict=True) if done]
+        answered = self.done.answered([r for r in self.expected if r not in self.buffer])
         self._drain(current_step)
         for request_id in answered:
             if request_id not in self.buffer:
@@ -155,12 +140,12 @@ class TrajectoryCollector:
         if tries > self.max_requeues:
             raise IncompatibleGroupError(
                 f"the trajectory group for request {request_id} could not be parsed {tries} times ({reason}); "
-                f"{_SKEW_HINT}"
+                f"{SKEW_HINT}"
             )
         log.warning("re-enqueuing request %s: its trajectory group could not be parsed (%s)", request_id, reason)
         with self.client.pipeline(transaction=True) as pipe:  # a worker must not see the prompt while still done
-            pipe.srem(self.keys.rollout_done, request_id)
-            pipe.xadd(self.keys.prompts, {"data": self.expected[request_id].model_dump_json()})
+            self.done.forget([request_id], pipe)
+            pipe.xadd(self.keys.prompts, {DATA: self.expected[request_id].model_dump_json()})
             pipe.execute()
 
     def collect(
@@ -205,18 +190,15 @@ class TrajectoryCollector:
     def ack(self, entry_ids: Sequence[str], done: Sequence[str] = ()) -> None:
         """Acknowledge and delete, in one transaction: acknowledged entries must not pile up.
 
-        `done`: request ids of a step now trained, taken out of the workers' done set in the same
-        transaction, so the set holds only steps in flight instead of one id per group forever. A
-        late duplicate of such a request (a reclaimed prompt a second worker still held) is then
-        generated and published once more, and dropped here as late."""
+        `done`: request ids of a step now trained, taken out of the done set in the same transaction
+        (see `rljob.queue.done`)."""
         if not entry_ids and not done:
             return
         with self.client.pipeline(transaction=True) as pipe:
             if entry_ids:
                 pipe.xack(self.keys.trajectories, TRAINER_GROUP, *entry_ids)
                 pipe.xdel(self.keys.trajectories, *entry_ids)
-            if done:
-                pipe.srem(self.keys.rollout_done, *done)
+            self.done.forget(done, pipe)
             pipe.execute()
 
 
@@ -240,7 +222,7 @@ def clear_earlier_runs(client: redis.Redis, keys: JobKeys) -> int:
 
 def stream_last_id(client: redis.Redis, stream: str) -> str:
     newest = client.xrevrange(stream, "+", "-", count=1)
-    return _s(newest[0][0]) if newest else "0-0"
+    return text(newest[0][0]) if newest else "0-0"
 
 
 def eval_round(
@@ -259,7 +241,8 @@ def eval_round(
     trimmed first. An unparsable result fails at once: waiting out the timeout would not help."""
     since = stream_last_id(client, keys.eval_results)
     client.xtrim(keys.eval_results, maxlen=0, approximate=False)  # older rounds' leftovers: nobody reads them
-    _forget_earlier_rounds(client, keys)
+    done = DoneSet(client, keys)
+    done.forget_earlier_evals()
     enqueue_prompts(client, keys.eval_prompts, requests)
     wanted = {r.request_id for r in requests}
     got: dict[str, TrajectoryGroup] = {}
@@ -268,7 +251,7 @@ def eval_round(
     while len(got) < len(wanted):
         now = time.monotonic()
         if now > deadline:
-            client.srem(keys.rollout_done, *wanted)  # whatever answers come later is trimmed unread
+            done.forget(list(wanted))  # whatever answers come later is trimmed unread
             raise TimeoutError(f"eval: {len(wanted) - len(got)} of {len(wanted)} results missing")
         if now - last_report >= 15:
             last_report = now
@@ -276,7 +259,7 @@ def eval_round(
         reply = client.xread({keys.eval_results: since}, count=256, block=block_ms)
         if on_wait is not None:
             on_wait()
-        entries = [(_s(eid), fields) for _, batch in reply or [] for eid, fields in batch]
+        entries = [(text(eid), fields) for _, batch in reply or [] for eid, fields in batch]
         if entries:
             since = entries[-1][0]
             client.xdel(keys.eval_results, *[eid for eid, _ in entries])
@@ -284,37 +267,17 @@ def eval_round(
             group = _eval_result(eid, fields)
             if group.request_id in wanted:
                 got.setdefault(group.request_id, group)
-    client.srem(keys.rollout_done, *wanted)  # answered and read: the done set keeps only what is in flight
+    done.forget(list(wanted))  # answered and read: the done set keeps only what is in flight
     return [got[r.request_id] for r in requests]
 
 
-def _forget_earlier_rounds(client: redis.Redis, keys: JobKeys) -> None:
-    """Take earlier eval rounds' ids out of the done set: a round that timed out took out its own,
-    but its prompts answered later put them back, and nothing else would remove them."""
-    stale = list(client.sscan_iter(keys.rollout_done, match=f"{EVAL_ID_PREFIX}*", count=1000))
-    if stale:
-        client.srem(keys.rollout_done, *stale)
-
-
-def _rejection(fields: dict | None) -> tuple[str, str] | None:
-    """(request id, reason) of a worker's rejection of a prompt it could not parse (see
-    `rljob.rollout.streams.reject`), else None."""
-    fields = fields or {}
-    request_id = fields.get(b"rejected", fields.get("rejected"))
-    if request_id is None:
-        return None
-    reason = fields.get(b"reason", fields.get("reason", b""))
-    return _s(request_id), _s(reason)
-
-
 def _eval_result(entry_id: str, fields: dict) -> TrajectoryGroup:
-    rejected = _rejection(fields)
+    rejected = rejection(fields)
     if rejected is not None:
         raise IncompatibleGroupError(
-            f"a rollout worker could not parse eval prompt {rejected[0]} ({rejected[1]}); {_SKEW_HINT}"
+            f"a rollout worker could not parse eval prompt {rejected[0]} ({rejected[1]}); {SKEW_HINT}"
         )
-    raw: Any = fields.get(b"data", fields.get("data"))
     try:
-        return TrajectoryGroup.model_validate_json(raw)
+        return TrajectoryGroup.model_validate_json(entry_field(fields, DATA))
     except Exception as exc:
-        raise IncompatibleGroupError(f"eval result {entry_id} could not be parsed ({exc}); {_SKEW_HINT}") from exc
+        raise IncompatibleGroupError(f"eval result {entry_id} could not be parsed ({exc}); {SKEW_HINT}") from exc

@@ -1,4 +1,4 @@
-"""Redis stream plumbing of the rollout worker: read, reclaim, publish exactly once, release.
+"""The rollout workers' end of the queue: read, reclaim, publish exactly once, release.
 
 Exactly-once output rests on two things. Publishing is one MULTI/EXEC transaction (XADD the group,
 SADD its request id to the done set, XACK the prompt) guarded by WATCH on the done set, so a crash
@@ -17,12 +17,13 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 
 from rljob.keys import ROLLOUT_GROUP, JobKeys
 from rljob.protocol import PromptRequest, TrajectoryGroup
+from rljob.queue.done import DoneSet
+from rljob.queue.wire import DATA, REASON, REJECTED, ensure_group, entry_field, text
 
 log = logging.getLogger(__name__)
 
@@ -42,28 +43,20 @@ class HeldPrompt:
         return self.stream.endswith("eval:prompts")
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def ensure_groups(client: redis.Redis, keys: JobKeys) -> None:
     for stream in (keys.prompts, keys.eval_prompts):
-        try:
-            client.xgroup_create(stream, ROLLOUT_GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        ensure_group(client, stream, ROLLOUT_GROUP)
 
 
 def _held(stream: str, entry_id: bytes | str, fields: dict) -> HeldPrompt:
-    data = fields.get(b"data", fields.get("data", b""))
+    data = entry_field(fields, DATA) or b""
     data = data.encode() if isinstance(data, str) else data
     try:
         request: PromptRequest | None = PromptRequest.model_validate_json(data)
     except ValueError as exc:
-        log.error("rejecting unparsable prompt %s on %s: %s", _text(entry_id), stream, exc)
-        return HeldPrompt(stream, _text(entry_id), data, None, f"{type(exc).__name__}: {exc}"[:500])
-    return HeldPrompt(stream, _text(entry_id), data, request)
+        log.error("rejecting unparsable prompt %s on %s: %s", text(entry_id), stream, exc)
+        return HeldPrompt(stream, text(entry_id), data, None, f"{type(exc).__name__}: {exc}"[:500])
+    return HeldPrompt(stream, text(entry_id), data, request)
 
 
 def reclaim_stale(client: redis.Redis, keys: JobKeys, consumer: str, min_idle_ms: int, count: int) -> list[HeldPrompt]:
@@ -80,7 +73,7 @@ def reclaim_stale(client: redis.Redis, keys: JobKeys, consumer: str, min_idle_ms
             for entry_id, fields in reply[1]:
                 if fields is not None:  # deleted entries come back empty and leave the pending list
                     taken.append(_held(stream, entry_id, fields))
-            cursor = _text(reply[0])
+            cursor = text(reply[0])
             if cursor == "0-0":  # the whole pending list was seen
                 break
     if taken:
@@ -104,8 +97,8 @@ def _take_up_to(client: redis.Redis, keys: JobKeys, consumer: str, count: int) -
 
 def _last_delivered(client: redis.Redis, stream: str) -> str:
     for group in client.xinfo_groups(stream):
-        if _text(group.get("name", b"")) == ROLLOUT_GROUP:
-            return _text(group.get("last-delivered-id", b"0-0"))
+        if text(group.get("name", b"")) == ROLLOUT_GROUP:
+            return text(group.get("last-delivered-id", b"0-0"))
     return "0-0"
 
 
@@ -130,13 +123,6 @@ def refresh_idle(client: redis.Redis, consumer: str, held: list[HeldPrompt]) -> 
         by_stream.setdefault(h.stream, []).append(h.entry_id)
     for stream, ids in by_stream.items():
         client.xclaim(stream, ROLLOUT_GROUP, consumer, 0, ids, justid=True)
-
-
-def done_request_ids(client: redis.Redis, keys: JobKeys, request_ids: list[str]) -> set[str]:
-    if not request_ids:
-        return set()
-    flags = client.smismember(keys.rollout_done, request_ids)
-    return {rid for rid, flag in zip(request_ids, flags, strict=True) if flag}
 
 
 def _ack_and_delete(pipe: redis.client.Pipeline, stream: str, *entry_ids: str) -> None:
@@ -175,13 +161,14 @@ def reject(client: redis.Redis, keys: JobKeys, held: list[HeldPrompt]) -> None:
     (not even JSON) answers nobody: it is only acknowledged."""
     if not held:
         return
+    done = DoneSet(client, keys)
     with client.pipeline(transaction=True) as pipe:
         for h in held:
             request_id = _request_id_of(h.data)
             if request_id is not None:
                 out = keys.eval_results if h.is_eval else keys.trajectories
-                pipe.xadd(out, {"rejected": request_id, "reason": h.error or "unparsable prompt"})
-                pipe.sadd(keys.rollout_done, request_id)
+                pipe.xadd(out, {REJECTED: request_id, REASON: h.error or "unparsable prompt"})
+                done.mark(pipe, request_id)
             _ack_and_delete(pipe, h.stream, h.entry_id)
         pipe.execute()
 
@@ -189,15 +176,16 @@ def reject(client: redis.Redis, keys: JobKeys, held: list[HeldPrompt]) -> None:
 def publish_group(client: redis.Redis, keys: JobKeys, prompt: HeldPrompt, group: TrajectoryGroup) -> bool:
     """Append the group and acknowledge its prompt atomically; False when it was already answered."""
     out = keys.eval_results if prompt.is_eval else keys.trajectories
+    done = DoneSet(client, keys)
     with client.pipeline(transaction=True) as pipe:
         while True:
             try:
-                pipe.watch(keys.rollout_done)
-                already = bool(pipe.sismember(keys.rollout_done, group.request_id))
+                pipe.watch(done.key)
+                already = bool(pipe.sismember(done.key, group.request_id))
                 pipe.multi()
                 if not already:
-                    pipe.xadd(out, {"data": group.model_dump_json()})
-                    pipe.sadd(keys.rollout_done, group.request_id)
+                    pipe.xadd(out, {DATA: group.model_dump_json()})
+                    done.mark(pipe, group.request_id)
                 _ack_and_delete(pipe, prompt.stream, prompt.entry_id)
                 pipe.execute()
                 return not already
@@ -209,31 +197,6 @@ def release(client: redis.Redis, held: list[HeldPrompt]) -> None:
     """Hand prompts back at once (re-queue + ack in one transaction) instead of waiting for reclaim."""
     for h in held:
         with client.pipeline(transaction=True) as pipe:
-            pipe.xadd(h.stream, {"data": h.data})
+            pipe.xadd(h.stream, {DATA: h.data})
             _ack_and_delete(pipe, h.stream, h.entry_id)
             pipe.execute()
-
-
-def backlog_from_groups(groups: list[dict[str, Any]], stream_length: int) -> int:
-    """Lag + pending of the rollout group from XINFO GROUPS: prompts not yet delivered plus
-    delivered and unacknowledged (the operator's autoscaler counts the same).
-
-    Redis reports no lag before 7.0, and none after a deletion it cannot see past (an answered
-    prompt newer than a pending one is enough, since each is deleted as it is acknowledged). Then
-    the stream's length is the backlog: it holds exactly the undelivered and the pending entries.
-    """
-    for group in groups:
-        if _text(group.get("name", b"")) == ROLLOUT_GROUP:
-            lag = group.get("lag")
-            if lag is None:
-                return stream_length
-            return int(lag) + int(group.get("pending") or 0)
-    return stream_length  # no group yet: nothing has been read
-
-
-def pending_prompts(client: redis.Redis, keys: JobKeys) -> int:
-    """Prompts not yet answered over both streams this worker serves (see `backlog_from_groups`)."""
-    return sum(
-        backlog_from_groups(client.xinfo_groups(stream), int(client.xlen(stream)))
-        for stream in (keys.prompts, keys.eval_prompts)
-    )
