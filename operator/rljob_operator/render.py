@@ -17,6 +17,7 @@ import yaml
 
 from rljob.config import API_GROUP, API_VERSION, KIND, RLJob
 from rljob.keys import ROLLOUT_GROUP, JobKeys
+from rljob.runtime_env import WorkerEnv
 from rljob_operator.gang import WORKLOAD_BETA, pod_gang_fields, render_gang_objects
 from rljob_operator.kueue import queue_labels
 from rljob_operator.names import (
@@ -285,10 +286,10 @@ def _worker_pod_spec(job: RLJob, role: str, command: list[str], extra_env: list[
     names = ChildNames(job.metadata.name, job.metadata.namespace)
     image = job.spec.trainer.image if role == "trainer" else job.spec.rollout.image
     env = [
-        {"name": "RLJOB_CONFIG", "value": CONFIG_PATH},
-        {"name": "RLJOB_REDIS_URL", "value": redis_url(job)},
-        _secret_env("RLJOB_REDIS_PASSWORD", redis_password_secret(job)),
-        {"name": "RLJOB_CHECKPOINT_DIR", "value": CHECKPOINT_DIR},
+        {"name": WorkerEnv.NAMES["config_path"], "value": CONFIG_PATH},
+        {"name": WorkerEnv.NAMES["redis_url"], "value": redis_url(job)},
+        _secret_env(WorkerEnv.NAMES["redis_password"], redis_password_secret(job)),
+        {"name": WorkerEnv.NAMES["checkpoint_dir"], "value": CHECKPOINT_DIR},
         {"name": "HOME", "value": "/tmp"},
         {"name": "HF_HOME", "value": "/tmp/hf"},
         *extra_env,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import ClassVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field
@@ -29,33 +30,30 @@ class WorkerEnv(BaseModel):
     results_dir: str | None = None
     worker_id: str = Field(default_factory=socket.gethostname)
 
+    # Each field's variable: the only place these names are written (the operator's renderer reads them here).
+    NAMES: ClassVar[dict[str, str]] = {
+        "config_path": "RLJOB_CONFIG",
+        "redis_url": "RLJOB_REDIS_URL",
+        "redis_password": "RLJOB_REDIS_PASSWORD",
+        "checkpoint_dir": "RLJOB_CHECKPOINT_DIR",
+        "results_dir": "RLJOB_RESULTS_DIR",
+        "worker_id": "RLJOB_WORKER_ID",
+    }
+    REQUIRED: ClassVar[tuple[str, ...]] = ("config_path", "redis_url")
+
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> WorkerEnv:
         env = os.environ if environ is None else environ
-        missing = [k for k in ("RLJOB_CONFIG", "RLJOB_REDIS_URL") if not env.get(k)]
+        missing = [cls.NAMES[f] for f in cls.REQUIRED if not env.get(cls.NAMES[f])]
         if missing:
             raise SystemExit(f"missing environment variable(s): {', '.join(missing)}")
-        return cls(
-            config_path=env["RLJOB_CONFIG"],
-            redis_url=env["RLJOB_REDIS_URL"],
-            redis_password=env.get("RLJOB_REDIS_PASSWORD") or None,
-            checkpoint_dir=env.get("RLJOB_CHECKPOINT_DIR", "/checkpoints"),
-            results_dir=env.get("RLJOB_RESULTS_DIR") or None,
-            worker_id=env.get("RLJOB_WORKER_ID") or env.get("HOSTNAME") or socket.gethostname(),
-        )
+        given = {f: env[name] for f, name in cls.NAMES.items() if env.get(name)}
+        given.setdefault("worker_id", env.get("HOSTNAME") or socket.gethostname())
+        return cls(**given)
 
     def to_environ(self) -> dict[str, str]:
-        env = {
-            "RLJOB_CONFIG": self.config_path,
-            "RLJOB_REDIS_URL": self.redis_url,
-            "RLJOB_CHECKPOINT_DIR": self.checkpoint_dir,
-            "RLJOB_WORKER_ID": self.worker_id,
-        }
-        if self.redis_password:
-            env["RLJOB_REDIS_PASSWORD"] = self.redis_password
-        if self.results_dir:
-            env["RLJOB_RESULTS_DIR"] = self.results_dir
-        return env
+        values = self.model_dump()
+        return {name: str(values[f]) for f, name in self.NAMES.items() if values[f]}
 
     @property
     def authenticated_redis_url(self) -> str:
