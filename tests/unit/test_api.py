@@ -68,3 +68,27 @@ def test_vllm_may_shard_over_several_gpus_of_a_pod() -> None:
     assert engine_options(job) == {"tensor_parallel_size": 4}
     one = RLJob.model_validate({"spec": {"rollout": {"engine": "vllm", "resources": {"gpus": 1}}}})
     assert engine_options(one) == {} and engine_options(RLJob.model_validate({"spec": {}})) == {}
+
+
+def test_each_cross_field_rule_reaches_the_crd_with_the_message_python_raises() -> None:
+    """One `Rule` per cross-field check: its CEL and message are in the generated CRD, as the same
+    pair, so `kubectl apply` and a local run refuse a spec with the same words."""
+    from rljob import config
+    from rljob_operator.crd import build_crd
+
+    def pairs(node: object) -> set[tuple[str, str]]:
+        found: set[tuple[str, str]] = set()
+        if isinstance(node, dict):
+            for entry in node.get("x-kubernetes-validations", []):
+                found.add((entry["rule"], entry["message"]))
+            for value in node.values():
+                found |= pairs(value)
+        elif isinstance(node, list):
+            for value in node:
+                found |= pairs(value)
+        return found
+
+    in_crd = pairs(build_crd())
+    models = [m for m in vars(config).values() if isinstance(m, type) and issubclass(m, config.ApiModel)]
+    rules = {(rule.cel, rule.message) for model in models for rule in model.RULES}
+    assert len(rules) >= 9 and rules <= in_crd

@@ -8,7 +8,9 @@ uses snake_case. This module imports nothing heavy: both images load it.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -22,18 +24,43 @@ SINGULAR = "rljob"
 SHORT_NAMES = ["rlj"]
 
 
-class ApiModel(BaseModel):
-    """Base: camelCase on the wire, unknown fields refused so typos fail loudly."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True)
-
-
 def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
     """A CEL validation rule for the CRD (`x-kubernetes-validations`)."""
     entry = {"rule": rule, "message": message}
     if field_path:
         entry["fieldPath"] = field_path
     return entry
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A cross-field rule written once: `cel` for the API server (in the CRD, so `kubectl apply`
+    refuses), `holds` for this model (so a local run refuses the same specs), one message for both."""
+
+    cel: str
+    message: str
+    holds: Callable[[Any], bool]
+    field_path: str | None = None
+
+
+def validations(rules: Sequence[Rule], *transition_rules: dict[str, str]) -> dict[str, Any]:
+    """A model's `x-kubernetes-validations`: its rules' CEL, then rules only the API server can check
+    (transition rules on `oldSelf`)."""
+    return {"x-kubernetes-validations": [cel(r.cel, r.message, r.field_path) for r in rules] + list(transition_rules)}
+
+
+class ApiModel(BaseModel):
+    """Base: camelCase on the wire, unknown fields refused so typos fail loudly; `RULES` checked."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True)
+    RULES: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> Self:
+        for rule in self.RULES:
+            if not rule.holds(self):
+                raise ValueError(rule.message)
+        return self
 
 
 class ModelSpec(ApiModel):
@@ -112,16 +139,14 @@ class AgentSpec(ApiModel):
     search_reward: float = Field(0.0, ge=0.0, le=1.0, description="Bonus for making at least one search.")
     reward: Literal["em", "f1"] = Field("em", description="Main reward: exact match or token F1.")
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "self.maxNewTokensPerTurn < self.maxTotalTokens",
-                    "maxNewTokensPerTurn must be smaller than maxTotalTokens",
-                )
-            ]
-        }
+    RULES = (
+        Rule(
+            "self.maxNewTokensPerTurn < self.maxTotalTokens",
+            "maxNewTokensPerTurn must be smaller than maxTotalTokens",
+            lambda a: a.max_new_tokens_per_turn < a.max_total_tokens,
+        ),
     )
+    model_config = ConfigDict(json_schema_extra=validations(RULES))
 
 
 class GRPOSpec(ApiModel):
@@ -171,16 +196,14 @@ class GRPOSpec(ApiModel):
     )
     max_refill_rounds: int = Field(3, ge=0, le=100, description="Most extra prompt rounds a step asks for.")
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "self.microBatchSize <= self.groupSize * self.questionsPerStep",
-                    "microBatchSize must not exceed groupSize * questionsPerStep",
-                )
-            ]
-        }
+    RULES = (
+        Rule(
+            "self.microBatchSize <= self.groupSize * self.questionsPerStep",
+            "microBatchSize must not exceed groupSize * questionsPerStep",
+            lambda g: g.micro_batch_size <= g.group_size * g.questions_per_step,
+        ),
     )
+    model_config = ConfigDict(json_schema_extra=validations(RULES))
 
 
 class ResourceSpec(ApiModel):
@@ -222,23 +245,27 @@ class RolloutSpec(ApiModel):
     batch_size: int = Field(4, ge=1, le=4096, description="Prompts a worker takes at once.")
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel("self.minReplicas <= self.maxReplicas", "minReplicas must be <= maxReplicas", ".minReplicas"),
-                cel(
-                    "self.engine != 'vllm' || self.resources.gpus >= 1",
-                    "engine vllm needs resources.gpus >= 1",
-                    ".engine",
-                ),
-                cel(
-                    "self.engine == 'vllm' || self.resources.gpus <= 1",
-                    _HF_ONE_GPU,
-                    ".resources.gpus",
-                ),
-            ]
-        }
+    RULES = (
+        Rule(
+            "self.minReplicas <= self.maxReplicas",
+            "minReplicas must be <= maxReplicas",
+            lambda r: r.min_replicas <= r.max_replicas,
+            ".minReplicas",
+        ),
+        Rule(
+            "self.engine != 'vllm' || self.resources.gpus >= 1",
+            "engine vllm needs resources.gpus >= 1",
+            lambda r: r.engine != "vllm" or r.resources.gpus >= 1,
+            ".engine",
+        ),
+        Rule(
+            "self.engine == 'vllm' || self.resources.gpus <= 1",
+            _HF_ONE_GPU,
+            lambda r: r.engine == "vllm" or r.resources.gpus <= 1,
+            ".resources.gpus",
+        ),
     )
+    model_config = ConfigDict(json_schema_extra=validations(RULES))
 
 
 class TrainerSpec(ApiModel):
@@ -265,11 +292,8 @@ class TrainerSpec(ApiModel):
         ),
     )
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [cel("self.resources.gpus <= 1", _TRAINER_ONE_GPU, ".resources.gpus")]
-        }
-    )
+    RULES = (Rule("self.resources.gpus <= 1", _TRAINER_ONE_GPU, lambda t: t.resources.gpus <= 1, ".resources.gpus"),)
+    model_config = ConfigDict(json_schema_extra=validations(RULES))
 
 
 # redis:// or rediss://, optional user info, a host name or bracketed IPv6 address, an optional
@@ -341,17 +365,15 @@ class WeightSyncSpec(ApiModel):
         },
     )
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "!has(self.redis) || !has(self.redis.externalUrl) || has(self.redis.passwordSecret)",
-                    "an external Redis needs passwordSecret",
-                    ".redis",
-                )
-            ]
-        }
+    RULES = (
+        Rule(
+            "!has(self.redis) || !has(self.redis.externalUrl) || has(self.redis.passwordSecret)",
+            "an external Redis needs passwordSecret",
+            lambda w: not w.redis.external_url or bool(w.redis.password_secret),
+            ".redis",
+        ),
     )
+    model_config = ConfigDict(json_schema_extra=validations(RULES))
 
 
 class EvalSpec(ApiModel):
@@ -439,53 +461,33 @@ class RLJobSpec(ApiModel):
         None, ge=0, description="Delete the job this long after it succeeds or fails."
     )
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "has(self.queueName) == has(oldSelf.queueName)"
-                    " && (!has(self.queueName) || self.queueName == oldSelf.queueName)",
-                    "spec.queueName is immutable: a queued gang cannot move between queues; create a new RLJob",
-                    ".queueName",
-                ),
-                cel(
-                    "!has(self.eval) || !has(self.eval.split) || self.eval.split != 'validation'"
-                    " || (has(self.data) && has(self.data.validationQuestions) && self.data.validationQuestions > 0)",
-                    _VALIDATION_SPLIT,
-                    ".eval.split",
-                ),
-                cel(
-                    "!has(self.rollout) || !has(self.model) || !has(self.rollout.engine)"
-                    " || self.rollout.engine != 'vllm' || !has(self.model.ggufFile)",
-                    _VLLM_NO_GGUF,
-                    ".rollout.engine",
-                ),
-            ]
-        }
+    RULES = (
+        Rule(
+            "!has(self.eval) || !has(self.eval.split) || self.eval.split != 'validation'"
+            " || (has(self.data) && has(self.data.validationQuestions) && self.data.validationQuestions > 0)",
+            _VALIDATION_SPLIT,
+            lambda spec: spec.eval.split != "validation" or spec.data.validation_questions > 0,
+            ".eval.split",
+        ),
+        Rule(
+            "!has(self.rollout) || !has(self.model) || !has(self.rollout.engine)"
+            " || self.rollout.engine != 'vllm' || !has(self.model.ggufFile)",
+            _VLLM_NO_GGUF,
+            lambda spec: spec.rollout.engine != "vllm" or not spec.model.gguf_file,
+            ".rollout.engine",
+        ),
     )
-
-    @model_validator(mode="after")
-    def _check_cross_fields(self) -> RLJobSpec:
-        # Mirrors the CEL rules so a local run refuses the same specs the API server would.
-        if self.rollout.min_replicas > self.rollout.max_replicas:
-            raise ValueError("rollout.minReplicas must be <= rollout.maxReplicas")
-        if self.rollout.engine == "vllm" and self.rollout.resources.gpus < 1:
-            raise ValueError("rollout.engine vllm needs rollout.resources.gpus >= 1")
-        if self.rollout.engine == "hf" and self.rollout.resources.gpus > 1:
-            raise ValueError(f"rollout: {_HF_ONE_GPU}")
-        if self.trainer.resources.gpus > 1:
-            raise ValueError(f"trainer: {_TRAINER_ONE_GPU}")
-        if self.rollout.engine == "vllm" and self.model.gguf_file:
-            raise ValueError(_VLLM_NO_GGUF)
-        if self.agent.max_new_tokens_per_turn >= self.agent.max_total_tokens:
-            raise ValueError("agent.maxNewTokensPerTurn must be smaller than agent.maxTotalTokens")
-        if self.grpo.micro_batch_size > self.grpo.group_size * self.grpo.questions_per_step:
-            raise ValueError("grpo.microBatchSize must not exceed groupSize * questionsPerStep")
-        if self.weight_sync.redis.external_url and not self.weight_sync.redis.password_secret:
-            raise ValueError("weightSync.redis.externalUrl needs weightSync.redis.passwordSecret")
-        if self.eval.split == "validation" and self.data.validation_questions < 1:
-            raise ValueError(_VALIDATION_SPLIT)
-        return self
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            RULES,
+            cel(
+                "has(self.queueName) == has(oldSelf.queueName)"
+                " && (!has(self.queueName) || self.queueName == oldSelf.queueName)",
+                "spec.queueName is immutable: a queued gang cannot move between queues; create a new RLJob",
+                ".queueName",
+            ),
+        )
+    )
 
 
 class ObjectMeta(ApiModel):
