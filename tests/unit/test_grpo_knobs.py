@@ -8,8 +8,9 @@ from rljob.assets import hotpotqa_file
 from rljob.config import GRPOSpec, RLJob
 from rljob.data import load_questions
 from rljob.protocol import Trajectory, TrajectoryGroup
+from rljob.trainer.batch import informative_groups
 from rljob.trainer.grpo import GRPOTrainer
-from rljob.trainer.loop import informative_groups, refill_requests, step_requests
+from rljob.trainer.prompts import refill_requests, step_requests
 from support.tiny_models import tiny_causal_lm
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -7,7 +7,7 @@ import pytest
 from rljob.assets import hotpotqa_file
 from rljob.config import RLJob
 from rljob.data.pools import job_pools, split_pools, warmup_pool_size
-from rljob.trainer.loop import load_questions, step_requests
+from rljob.trainer.prompts import load_questions, step_requests
 
 
 def test_split_is_disjoint_deterministic_and_leaves_out_eval_ids() -> None:

@@ -22,7 +22,8 @@ from rljob.trainer.checkpoint import (
 )
 from rljob.trainer.distributed import Gang
 from rljob.trainer.grpo import GRPOTrainer
-from rljob.trainer.loop import epoch_order, prepare_trainer, question_indices
+from rljob.trainer.loop import prepare_trainer
+from rljob.trainer.prompts import epoch_order, question_indices
 from support.tiny_models import tiny_causal_lm
 from support.toy import sample_toy_groups
 
