@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rljob.config import RolloutSpec
-from rljob.keys import JobKeys
-from rljob.queue.backlog import backlog_from_groups
+from rljob.config import RLJob, RolloutSpec
+from rljob.queue.backlog import backlog_from_groups, pending_prompts
+
+__all__ = ["backlog_from_groups", "desired_replicas", "pending_prompts", "rollout_replicas"]
 
 
 def desired_replicas(*, current: int, backlog: int | None, spec: RolloutSpec, seconds_since_scale: float | None) -> int:
@@ -29,12 +30,21 @@ def desired_replicas(*, current: int, backlog: int | None, spec: RolloutSpec, se
     return target
 
 
-def read_backlog(client: Any, keys: JobKeys) -> int:
-    """What the rollout workers owe over both prompt streams they serve: training prompts and
-    evaluation prompts (an evaluation the trainer waits on needs workers too). A stream that does
-    not exist yet counts 0."""
-    backlog = 0
-    for stream in (keys.prompts, keys.eval_prompts):
-        if client.exists(stream):
-            backlog += backlog_from_groups(client.xinfo_groups(stream), int(client.xlen(stream)))
-    return backlog
+def rollout_replicas(
+    job: RLJob,
+    deployment: dict[str, Any] | None,
+    backlog: int | None,
+    *,
+    forced_off: bool,
+    seconds_since_scale: float | None,
+) -> tuple[int, int]:
+    """(current, desired) replicas of the rollout Deployment. KEDA owns the count when it scales
+    (the operator only keeps the floor); a job whose gang cannot run (suspended, finished) runs none."""
+    spec = job.spec.rollout
+    current = int((deployment or {}).get("spec", {}).get("replicas", spec.min_replicas) or 0)
+    if forced_off:
+        return current, 0
+    if spec.autoscaler == "keda":
+        return current, max(current, spec.min_replicas)
+    start = current if deployment else spec.min_replicas
+    return current, desired_replicas(current=start, backlog=backlog, spec=spec, seconds_since_scale=seconds_since_scale)

@@ -23,7 +23,7 @@ from rljob.keys import JobKeys
 from rljob.protocol import TrainerMetrics
 from rljob_operator import metrics as prom
 from rljob_operator.api import RLJobStatus
-from rljob_operator.autoscale import desired_replicas, read_backlog
+from rljob_operator.autoscale import pending_prompts, rollout_replicas
 from rljob_operator.gang import GANG_KINDS, PROVIDER_APIS, WORKLOAD_APIS, referenced_workload
 from rljob_operator.kube import RLJOB_API, ApiError, Kube
 from rljob_operator.kueue import JOB_UID_LABEL, KUEUE_APIS, quota_reservation
@@ -67,37 +67,49 @@ EventFn = Callable[[dict[str, Any], str, str, str], None]
 
 
 @dataclass
+class JobMemory:
+    """What the operator keeps of one RLJob between passes. Lost on a restart of the operator, and
+    rebuilt from the cluster and the job's Redis: nothing here is a source of truth."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    password: str | None = None  # of the managed Redis, read from its Secret
+    redis_retry_at: float = 0.0  # backoff after a failed read of the job's Redis
+    redis_failures: int = 0
+    last_redis_error: str | None = None
+    last_metrics: TrainerMetrics | None = None  # what full passes (which do not read Redis) report
+    next_child_check: float = 0.0
+
+    def redis_failed(self, message: str, now: float) -> None:
+        """Back off 2, 4, 8 .. 30 s: a new job's Redis is not up at the first reads yet, and a flat
+        30 s hid the backlog of its first evaluation from the autoscaler. The Secret is read again
+        next time: it may have been replaced."""
+        self.password, self.last_redis_error = None, message
+        self.redis_failures += 1
+        self.redis_retry_at = now + min(30.0, 2.0**self.redis_failures)
+
+    def redis_read(self, metrics: TrainerMetrics | None) -> None:
+        self.redis_retry_at, self.redis_failures, self.last_redis_error = 0.0, 0, None
+        if metrics is not None:
+            self.last_metrics = metrics
+
+
+@dataclass
 class Reconciler:
     kube: Kube
     settings: OperatorSettings
     post_event: EventFn
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("rljob_operator"))
-    _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
+    _jobs: dict[tuple[str, str], JobMemory] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
     _api_cache: dict[str, tuple[bool, float]] = field(default_factory=dict)
-    _passwords: dict[tuple[str, str], str] = field(default_factory=dict)
-    _redis_retry_at: dict[tuple[str, str], float] = field(default_factory=dict)
-    _redis_failures: dict[tuple[str, str], int] = field(default_factory=dict)
-    _last_redis_error: dict[tuple[str, str], str] = field(default_factory=dict)
-    _last_metrics: dict[tuple[str, str], TrainerMetrics] = field(default_factory=dict)
-    _next_child_check: dict[tuple[str, str], float] = field(default_factory=dict)
 
-    def _lock(self, key: tuple[str, str]) -> threading.Lock:
+    def memory(self, namespace: str, name: str) -> JobMemory:
         with self._guard:
-            return self._locks.setdefault(key, threading.Lock())
+            return self._jobs.setdefault((namespace, name), JobMemory())
 
     def forget(self, namespace: str, name: str) -> None:
-        key = (namespace, name)
-        for cache in (
-            self._locks,
-            self._passwords,
-            self._redis_retry_at,
-            self._redis_failures,
-            self._last_redis_error,
-            self._last_metrics,
-            self._next_child_check,
-        ):
-            cache.pop(key, None)
+        with self._guard:
+            self._jobs.pop((namespace, name), None)
         for gauge in (prom.JOB_STEP, prom.JOB_REWARD, prom.ROLLOUT_DESIRED):  # no stale series of a deleted job
             with contextlib.suppress(KeyError):
                 gauge.remove(namespace, name)
@@ -107,7 +119,7 @@ class Reconciler:
         cannot tell a healthy operator from one failing every pass."""
         prom.RECONCILES.labels(kind="full" if full else "timer").inc()
         try:
-            with prom.RECONCILE_SECONDS.time(), self._lock((namespace, name)):
+            with prom.RECONCILE_SECONDS.time(), self.memory(namespace, name).lock:
                 self._pass(namespace, name, full=full or self.settings.always_full)
         except Exception:
             prom.RECONCILE_ERRORS.inc()
@@ -188,27 +200,23 @@ class Reconciler:
 
         # Full passes (spec changes) only apply children; Redis is read by the timer's passes.
         if full:
-            metrics, backlog, metrics_error = self._last_metrics.get((ns, name)), None, None
+            memory = self.memory(ns, name)
+            metrics, backlog, metrics_error = memory.last_metrics, None, None
             if metrics is None:
-                metrics_error = self._last_redis_error.get((ns, name))
+                metrics_error = memory.last_redis_error
         else:
             # The pass that records a finished job reads its final metrics even while the retry
             # backoff of a Redis blip runs: the status it writes stays as it is from then on.
             final = decision.action in ("succeeded", "fail")
             metrics, backlog, metrics_error = self._read_redis(job, retry_now=final)
-        current = int((obs.rollout or {}).get("spec", {}).get("replicas", job.spec.rollout.min_replicas) or 0)
-        if rollouts_forced_off(job, decision):
-            desired = 0
-        elif job.spec.rollout.autoscaler == "keda":
-            desired = max(current, job.spec.rollout.min_replicas)
-        else:
-            since = now - t if (t := parse_time(prev.last_scale_time)) is not None else None
-            desired = desired_replicas(
-                current=current if obs.rollout else job.spec.rollout.min_replicas,
-                backlog=backlog,
-                spec=job.spec.rollout,
-                seconds_since_scale=since,
-            )
+        scaled_at = parse_time(prev.last_scale_time)
+        current, desired = rollout_replicas(
+            job,
+            obs.rollout,
+            backlog,
+            forced_off=rollouts_forced_off(job, decision),
+            seconds_since_scale=None if scaled_at is None else now - scaled_at,
+        )
 
         plan = RenderPlan(
             uid=uid,
@@ -403,10 +411,10 @@ class Reconciler:
     def _child_deleted(self, others: list[dict[str, Any]], names: ChildNames, managed: bool, now: float) -> bool:
         """Every `child_check_seconds`: whether a child this pass did not read (all but the rollout
         Deployment and the Redis StatefulSet) is gone, so the pass re-applies them all."""
-        key = (names.namespace, names.job)
-        if now < self._next_child_check.get(key, 0.0):
+        memory = self.memory(names.namespace, names.job)
+        if now < memory.next_child_check:
             return False
-        self._next_child_check[key] = now + self.settings.child_check_seconds
+        memory.next_child_check = now + self.settings.child_check_seconds
         wanted = [(m["apiVersion"], m["kind"], m["metadata"]["name"]) for m in others]
         if managed:
             wanted.append(("v1", "Secret", names.redis_secret))
@@ -424,11 +432,11 @@ class Reconciler:
         disappears with it."""
         import base64
 
-        key = (job.metadata.namespace, job.metadata.name)
+        memory = self.memory(job.metadata.namespace, job.metadata.name)
         names = ChildNames(job.metadata.name, job.metadata.namespace)
         found = self.kube.get("v1", "Secret", names.namespace, names.redis_secret)
         if found is None:
-            self._passwords.pop(key, None)
+            memory.password = None
             plan = RenderPlan(uid=uid, rollout_replicas=0)
             secret = render_redis_secret(job, plan, pysecrets.token_urlsafe(32))
             try:
@@ -441,30 +449,30 @@ class Reconciler:
         if found is None:
             return "SecretNotOwned", f"Secret {names.redis_secret} was deleted as it was created; trying again"
         if not controlled_by(found, uid):
-            self._passwords.pop(key, None)
+            memory.password = None
             return "SecretNotOwned", (
                 f"Secret {names.redis_secret} belongs to another owner (a deleted RLJob of the same name?); "
                 "waiting for it to be deleted"
             )
-        self._passwords[key] = base64.b64decode(found.get("data", {}).get("password", "")).decode()
+        memory.password = base64.b64decode(found.get("data", {}).get("password", "")).decode()
         return None
 
     def _password(self, job: RLJob) -> str:
-        key = (job.metadata.namespace, job.metadata.name)
-        if key not in self._passwords:
+        memory = self.memory(job.metadata.namespace, job.metadata.name)
+        if memory.password is None:
             import base64
 
             secret = self.kube.get("v1", "Secret", job.metadata.namespace, redis_password_secret(job))
             if secret is None:
                 return ""  # not created yet: nothing to remember (_ensure_secret creates it)
-            self._passwords[key] = base64.b64decode(secret.get("data", {}).get("password", "")).decode()
-        return self._passwords[key]
+            memory.password = base64.b64decode(secret.get("data", {}).get("password", "")).decode()
+        return memory.password
 
     def _read_redis(self, job: RLJob, retry_now: bool = False) -> tuple[TrainerMetrics | None, int | None, str | None]:
         """Metrics and backlog; an unreachable Redis becomes a condition message, never a crash."""
-        key = (job.metadata.namespace, job.metadata.name)
-        if not retry_now and time.time() < self._redis_retry_at.get(key, 0.0):
-            return None, None, self._last_redis_error.get(key, "RedisUnreachable")
+        memory = self.memory(job.metadata.namespace, job.metadata.name)
+        if not retry_now and time.time() < memory.redis_retry_at:
+            return None, None, memory.last_redis_error or "RedisUnreachable"
         password = ""
         try:
             import redis
@@ -479,26 +487,17 @@ class Reconciler:
             try:
                 keys = JobKeys(job.metadata.namespace, job.metadata.name)
                 raw = client.hgetall(keys.metrics)
-                backlog = read_backlog(client, keys)
+                backlog = pending_prompts(client, keys)
             finally:
                 client.close()
         except Exception as exc:  # any Redis or DNS failure degrades to a condition
             message = f"{type(exc).__name__}: {exc}"
             if password:
                 message = message.replace(password, "***")
-            self._passwords.pop(key, None)  # read the Secret again next time: it may have been replaced
-            self._last_redis_error[key] = message
-            # Backing off 2, 4, 8 .. 30 s: a new job's Redis is not up yet at the first reads, and
-            # a flat 30 s hid the backlog of its first evaluation from the autoscaler.
-            failures = self._redis_failures[key] = self._redis_failures.get(key, 0) + 1
-            self._redis_retry_at[key] = time.time() + min(30.0, 2.0**failures)
+            memory.redis_failed(message, time.time())
             return None, None, message
-        self._redis_retry_at.pop(key, None)
-        self._redis_failures.pop(key, None)
-        self._last_redis_error.pop(key, None)
         metrics = TrainerMetrics.from_redis(raw) if raw else None
-        if metrics is not None:
-            self._last_metrics[key] = metrics
+        memory.redis_read(metrics)
         return metrics, backlog, None
 
     def _write_status(self, body: dict[str, Any], prev: RLJobStatus, st: RLJobStatus) -> None:

@@ -41,3 +41,16 @@ def test_the_operator_imports_no_torch():
 
     code = "import sys, rljob_operator.reconcile, rljob_operator.handlers; sys.exit(int('torch' in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_rollout_replicas_follow_the_backlog_unless_forced_off_or_owned_by_keda() -> None:
+    from rljob.config import RLJob
+    from rljob_operator.autoscale import rollout_replicas
+
+    job = RLJob.model_validate({"spec": {"rollout": {"minReplicas": 1, "maxReplicas": 5, "pendingPerReplica": 4}}})
+    deployment = {"spec": {"replicas": 2}}
+    assert rollout_replicas(job, deployment, 17, forced_off=False, seconds_since_scale=None) == (2, 5)
+    assert rollout_replicas(job, deployment, 17, forced_off=True, seconds_since_scale=None) == (2, 0)
+    assert rollout_replicas(job, None, None, forced_off=False, seconds_since_scale=None) == (1, 1)
+    keda = RLJob.model_validate({"spec": {"rollout": {"minReplicas": 3, "autoscaler": "keda"}}})
+    assert rollout_replicas(keda, deployment, 100, forced_off=False, seconds_since_scale=None) == (2, 3)

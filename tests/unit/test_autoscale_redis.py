@@ -6,22 +6,21 @@ import pytest
 
 from rljob.keys import ROLLOUT_GROUP, JobKeys
 from rljob.queue.backlog import pending_prompts
-from rljob_operator.autoscale import read_backlog
 
 
 @pytest.mark.integration
 def test_backlog_counts_undelivered_and_unacked(redis_client) -> None:
     keys = JobKeys("ns", "job")
-    assert read_backlog(redis_client, keys) == 0
+    assert pending_prompts(redis_client, keys) == 0
     for i in range(10):
         redis_client.xadd(keys.prompts, {"data": str(i)})
-    assert read_backlog(redis_client, keys) == 10  # no group yet: everything is pending work
+    assert pending_prompts(redis_client, keys) == 10  # no group yet: everything is pending work
     redis_client.xgroup_create(keys.prompts, ROLLOUT_GROUP, id="0")
     taken = redis_client.xreadgroup(ROLLOUT_GROUP, "w1", {keys.prompts: ">"}, count=4)
-    assert read_backlog(redis_client, keys) == 10  # 6 undelivered + 4 delivered, unacknowledged
+    assert pending_prompts(redis_client, keys) == 10  # 6 undelivered + 4 delivered, unacknowledged
     ids = [entry_id for _, entries in taken for entry_id, _ in entries]
     redis_client.xack(keys.prompts, ROLLOUT_GROUP, *ids[:3])
-    assert read_backlog(redis_client, keys) == 7
+    assert pending_prompts(redis_client, keys) == 7
 
 
 def _with_groups(client, keys: JobKeys) -> JobKeys:
@@ -39,11 +38,11 @@ def test_backlog_counts_evaluation_prompts_as_the_workers_do(redis_client) -> No
     keys = _with_groups(redis_client, JobKeys("ns", "evaljob"))
     for i in range(6):
         redis_client.xadd(keys.eval_prompts, {"data": str(i)})
-    assert read_backlog(redis_client, keys) == 6 == pending_prompts(redis_client, keys)
+    assert pending_prompts(redis_client, keys) == 6 == pending_prompts(redis_client, keys)
     for i in range(3):
         redis_client.xadd(keys.prompts, {"data": str(i)})
     redis_client.xreadgroup(ROLLOUT_GROUP, "w1", {keys.eval_prompts: ">"}, count=2)
-    assert read_backlog(redis_client, keys) == 9 == pending_prompts(redis_client, keys)
+    assert pending_prompts(redis_client, keys) == 9 == pending_prompts(redis_client, keys)
 
 
 @pytest.mark.integration
@@ -62,4 +61,4 @@ def test_backlog_when_redis_cannot_compute_the_lag(redis_client) -> None:
         g for g in redis_client.xinfo_groups(keys.prompts) if g["name"] in (ROLLOUT_GROUP, ROLLOUT_GROUP.encode())
     )
     assert group["lag"] is None  # what this test is about (Redis 7.0+)
-    assert read_backlog(redis_client, keys) == 4 == pending_prompts(redis_client, keys)  # 3 undelivered + 1 pending
+    assert pending_prompts(redis_client, keys) == 4 == pending_prompts(redis_client, keys)  # 3 undelivered + 1 pending

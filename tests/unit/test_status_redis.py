@@ -30,7 +30,7 @@ def job_for(url: str) -> RLJob:
 def reconciler(job: RLJob) -> Reconciler:
     # No API server here: the password the reconciler would read from the Secret is pre-seeded.
     r = Reconciler(kube=None, settings=SETTINGS, post_event=lambda *a: None, log=logging.getLogger("t"))  # type: ignore[arg-type]
-    r._passwords[(job.metadata.namespace, job.metadata.name)] = PASSWORD
+    r.memory(job.metadata.namespace, job.metadata.name).password = PASSWORD
     return r
 
 
@@ -88,8 +88,8 @@ def test_a_blip_backs_off_but_the_final_metrics_are_read_anyway(tmp_path) -> Non
         r = reconciler(job)
         server.kill()
         assert r._read_redis(job)[2] is not None
-        assert 0 < r._redis_retry_at[("ns", "j")] - time.time() <= 2.0
-        r._passwords[("ns", "j")] = PASSWORD  # the reconciler reads the Secret again after a failure
+        assert 0 < r.memory("ns", "j").redis_retry_at - time.time() <= 2.0
+        r.memory("ns", "j").password = PASSWORD  # the reconciler reads the Secret again after a failure
         server.restart()
         import redis
 

@@ -28,8 +28,11 @@ def backlog_from_groups(groups: list[dict[str, Any]], stream_length: int) -> int
 
 
 def pending_prompts(client: redis.Redis, keys: JobKeys) -> int:
-    """Prompts not yet answered over both streams this worker serves (see `backlog_from_groups`)."""
+    """What the rollout workers owe over both prompt streams they serve: training prompts and
+    evaluation prompts (an evaluation the trainer waits on needs workers too). A stream that does
+    not exist yet counts 0."""
     return sum(
         backlog_from_groups(client.xinfo_groups(stream), int(client.xlen(stream)))
         for stream in (keys.prompts, keys.eval_prompts)
+        if client.exists(stream)
     )
