@@ -24,6 +24,17 @@ from rljob.protocol import TrainerMetrics
 from rljob_operator import metrics as prom
 from rljob_operator.api import RLJobStatus
 from rljob_operator.autoscale import pending_prompts, rollout_replicas
+from rljob_operator.decide import (
+    TERMINAL,
+    Observed,
+    TrainerDecision,
+    controlled_by,
+    decide_trainer,
+    iso,
+    parse_time,
+    preflight_outcome,
+    rollouts_forced_off,
+)
 from rljob_operator.gang import GANG_KINDS, PROVIDER_APIS, WORKLOAD_APIS, referenced_workload
 from rljob_operator.kube import RLJOB_API, ApiError, Kube
 from rljob_operator.kueue import JOB_UID_LABEL, KUEUE_APIS, quota_reservation
@@ -39,21 +50,7 @@ from rljob_operator.render import (
     render_redis_secret,
 )
 from rljob_operator.settings import OperatorSettings
-from rljob_operator.status import (
-    TERMINAL,
-    Observed,
-    TrainerDecision,
-    compute_status,
-    controlled_by,
-    decide_trainer,
-    failed_reason,
-    finished_rollouts,
-    held_status,
-    iso,
-    parse_time,
-    preflight_outcome,
-    rollouts_forced_off,
-)
+from rljob_operator.status import compute_status, failed_reason, finished_rollouts, held_status
 
 PREFLIGHT_REASONS = (
     "GangProviderUnavailable",

@@ -6,10 +6,11 @@ from typing import Any
 
 from rljob.config import RLJob
 from rljob_operator.api import RLJobStatus
+from rljob_operator.decide import Observed, decide_trainer, iso
 from rljob_operator.kueue import QUEUE_LABEL, queued, quota_reservation
 from rljob_operator.names import ANNOTATION_TRAINER_HASH
 from rljob_operator.render import RenderPlan, render_children, trainer_hash
-from rljob_operator.status import Observed, compute_status, decide_trainer, iso
+from rljob_operator.status import compute_status
 
 NOW = 1_800_000_000.0
 PLAN = RenderPlan(uid="u", rollout_replicas=1)

@@ -9,22 +9,19 @@ import pytest
 from rljob.config import RLJob
 from rljob.protocol import TrainerMetrics
 from rljob_operator.api import RLJobStatus
-from rljob_operator.names import ANNOTATION_TRAINER_HASH
-from rljob_operator.render import trainer_hash
-from rljob_operator.settings import OperatorSettings
-from rljob_operator.status import (
+from rljob_operator.decide import (
     Observed,
     TrainerDecision,
-    compute_status,
     controlled_by,
     decide_trainer,
-    failed_reason,
-    finished_rollouts,
     gang_failure,
-    held_status,
     iso,
     preflight_outcome,
 )
+from rljob_operator.names import ANNOTATION_TRAINER_HASH
+from rljob_operator.render import trainer_hash
+from rljob_operator.settings import OperatorSettings
+from rljob_operator.status import compute_status, failed_reason, finished_rollouts, held_status
 
 NOW = 1_800_000_000.0
 

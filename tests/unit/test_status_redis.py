@@ -14,9 +14,10 @@ from rljob.keys import ROLLOUT_GROUP, JobKeys
 from rljob.ports import free_port
 from rljob.protocol import TrainerMetrics
 from rljob_operator.api import RLJobStatus
+from rljob_operator.decide import Observed, TrainerDecision
 from rljob_operator.reconcile import Reconciler
 from rljob_operator.settings import OperatorSettings
-from rljob_operator.status import Observed, TrainerDecision, compute_status
+from rljob_operator.status import compute_status
 
 PASSWORD = "pw-never-logged-0123456789"
 SETTINGS = OperatorSettings("rljob-system", "keda", 1.0, 1.0, 10.0, redis_timeout_seconds=0.5, metrics_port=0)

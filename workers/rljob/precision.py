@@ -1,7 +1,7 @@
 """Which dtype the policy computes in: bf16 where the hardware multiplies it fast, else fp32.
 
-On a CPU with AVX512_BF16 or AMX, bf16 matrix products run 3-5x faster than fp32 (measured:
-`docs/results/step_speed.md`); without them torch emulates bf16 and it is slower than fp32. The
+On a CPU with AVX512_BF16 or AMX, bf16 matrix products run about twice as fast as fp32 or more
+(`docs/results/step_speed.md`); without them torch emulates bf16 and it is slower than fp32. The
 check reads the processor's flags once per process and logs the choice. `spec.model.dtype` set
 to anything but `auto` is taken as given, on any device.
 """
