@@ -241,35 +241,18 @@ class Reconciler:
             # Job must not join a group that is about to vanish. Try again next pass.
             decision = TrainerDecision("wait", "GangRestarting", "waiting for the previous gang objects to go")
             apply_trainer = False
-        if full or missing or prev.observed_generation != generation:
-            # All or nothing: a child the API server refuses (an immutable field, an admission
-            # policy, a quota on Jobs, a gang webhook) must not leave the others on the new spec
-            # and the rest on the old one, nor workers and Redis running for a gang never created.
-            refused = self._refusal(others + (self._dry_runnable(trainer) if apply_trainer else []))
-            if refused:
-                self._hold(body, stored, generation, "ApplyRejected", refused, now)
-                return
-            if managed:
-                held = self._ensure_secret(job, uid)
-                if held:
-                    self._hold(body, stored, generation, *held, now)
-                    return
-            for manifest in others:
-                self.kube.apply(manifest)
-            if job.spec.rollout.autoscaler != "keda" and self._api_available(KEDA_API):
-                self._delete_keda(names)  # switched away from KEDA: its HPA must stop writing replicas
-        elif desired != current:
-            refused = self._refusal([c for c in others if c["kind"] == "Deployment"], dry_run=False)
-            if refused:
-                self._hold(body, stored, generation, "ApplyRejected", refused, now)
-                return
-
-        if apply_trainer:
-            refused = self._refusal(trainer, dry_run=False)
-            if refused:  # the dry run let it through, the API server did not (a quota used meanwhile)
-                self._hold(body, stored, generation, "ApplyRejected", refused, now)
-                return
-        elif decision.action in ("restart", "delete", "fail"):
+        held = self._apply(
+            job,
+            uid,
+            others,
+            trainer if apply_trainer else [],
+            everything=full or missing or prev.observed_generation != generation,
+            rescale=desired != current,
+        )
+        if held:
+            self._hold(body, stored, generation, *held, now)
+            return
+        if not apply_trainer and decision.action in ("restart", "delete", "fail"):
             self._delete_gang(names)
         if decision.action in ("restart", "fail") and decision.failed_uid:
             prom.GANG_RESTARTS.inc()
@@ -288,6 +271,47 @@ class Reconciler:
         prom.JOB_REWARD.labels(ns, name).set(st.mean_reward or 0.0)
         prom.ROLLOUT_DESIRED.labels(ns, name).set(desired)
         self._write_status(body, stored, st)
+
+    def _apply(
+        self,
+        job: RLJob,
+        uid: str,
+        others: list[dict[str, Any]],
+        trainer: list[dict[str, Any]],
+        *,
+        everything: bool,
+        rescale: bool,
+    ) -> tuple[str, str] | None:
+        """Apply the children of this pass: every child but the gang when `everything` (a spec
+        change, a child missing), else only the rollout Deployment when its replicas change; then
+        the gang's objects, when given. Returns (reason, message) when the pass must hold instead.
+
+        All or nothing: a child the API server refuses (an immutable field, an admission policy, a
+        quota on Jobs, a gang webhook) must not leave the others on the new spec and the rest on
+        the old one, nor workers and Redis running for a gang never created: a dry run of them all
+        comes first."""
+        names = ChildNames(job.metadata.name, job.metadata.namespace)
+        if everything:
+            refused = self._refusal(others + self._dry_runnable(trainer))
+            if refused:
+                return "ApplyRejected", refused
+            if not job.spec.weight_sync.redis.external_url:
+                held = self._ensure_secret(job, uid)
+                if held:
+                    return held
+            for manifest in others:
+                self.kube.apply(manifest)
+            if job.spec.rollout.autoscaler != "keda" and self._api_available(KEDA_API):
+                self._delete_keda(names)  # switched away from KEDA: its HPA must stop writing replicas
+        elif rescale:
+            refused = self._refusal([c for c in others if c["kind"] == "Deployment"], dry_run=False)
+            if refused:
+                return "ApplyRejected", refused
+        if trainer:
+            refused = self._refusal(trainer, dry_run=False)
+            if refused:  # the dry run let it through, the API server did not (a quota used meanwhile)
+                return "ApplyRejected", refused
+        return None
 
     def _refusal(self, manifests: list[dict[str, Any]], *, dry_run: bool = True) -> str | None:
         """Why the API server refuses one of `manifests` (applied in order; a dry run by default),
