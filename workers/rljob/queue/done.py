@@ -17,6 +17,7 @@ import redis
 
 from rljob.keys import JobKeys
 from rljob.protocol import EVAL_ID_PREFIX
+from rljob.queue.wire import text
 
 
 @dataclass(frozen=True)
@@ -48,4 +49,4 @@ class DoneSet:
         """Evaluation ids of earlier rounds: a round that timed out took out its own, but its
         prompts answered later put them back, and nothing else would remove them."""
         stale = list(self.client.sscan_iter(self.key, match=f"{EVAL_ID_PREFIX}*", count=1000))
-        self.forget([text.decode() if isinstance(text, bytes) else text for text in stale])
+        self.forget([text(member) for member in stale])
