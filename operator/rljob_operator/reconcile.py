@@ -187,25 +187,11 @@ class Reconciler:
                 self._write_status(body, stored, st)
                 return
 
-        obs.trainer_job = self.kube.get("batch/v1", "Job", ns, names.trainer)
-        obs.trainer_pods = self.kube.list("v1", "Pod", ns, f"rljob.dev/job={name},rljob.dev/role=trainer")
-        obs.rollout = self.kube.get("apps/v1", "Deployment", ns, names.rollout)
-        obs.quota_reservation = self._quota_reservation(job, obs.trainer_job)
-        if managed:
-            obs.redis = self.kube.get("apps/v1", "StatefulSet", ns, names.redis)
+        self._observe_children(job, names, obs)
         decision = decide_trainer(job, prev, obs, now, self.settings.restart_backoff)
-
-        # Full passes (spec changes) only apply children; Redis is read by the timer's passes.
-        if full:
-            memory = self.memory(ns, name)
-            metrics, backlog, metrics_error = memory.last_metrics, None, None
-            if metrics is None:
-                metrics_error = memory.last_redis_error
-        else:
-            # The pass that records a finished job reads its final metrics even while the retry
-            # backoff of a Redis blip runs: the status it writes stays as it is from then on.
-            final = decision.action in ("succeeded", "fail")
-            metrics, backlog, metrics_error = self._read_redis(job, retry_now=final)
+        metrics, backlog, metrics_error = self._observe_redis(
+            job, full=full, final=decision.action in ("succeeded", "fail")
+        )
         scaled_at = parse_time(prev.last_scale_time)
         current, desired = rollout_replicas(
             job,
@@ -271,6 +257,30 @@ class Reconciler:
         prom.JOB_REWARD.labels(ns, name).set(st.mean_reward or 0.0)
         prom.ROLLOUT_DESIRED.labels(ns, name).set(desired)
         self._write_status(body, stored, st)
+
+    def _observe_children(self, job: RLJob, names: ChildNames, obs: Observed) -> None:
+        """Read the children the pass decides on: the trainer Job and its pods, the rollout
+        Deployment, Kueue's verdict on the gang and the managed Redis StatefulSet."""
+        ns = names.namespace
+        obs.trainer_job = self.kube.get("batch/v1", "Job", ns, names.trainer)
+        obs.trainer_pods = self.kube.list("v1", "Pod", ns, f"rljob.dev/job={names.job},rljob.dev/role=trainer")
+        obs.rollout = self.kube.get("apps/v1", "Deployment", ns, names.rollout)
+        obs.quota_reservation = self._quota_reservation(job, obs.trainer_job)
+        if not obs.external_redis:
+            obs.redis = self.kube.get("apps/v1", "StatefulSet", ns, names.redis)
+
+    def _observe_redis(
+        self, job: RLJob, *, full: bool, final: bool
+    ) -> tuple[TrainerMetrics | None, int | None, str | None]:
+        """(metrics, backlog, error). Full passes (spec changes) only apply children and report what
+        the last timer pass read; timer passes read Redis. The pass that records a finished job
+        (`final`) reads its last metrics even while the backoff after a Redis blip runs: the status
+        it writes stays as it is from then on."""
+        if full:
+            memory = self.memory(job.metadata.namespace, job.metadata.name)
+            error = None if memory.last_metrics is not None else memory.last_redis_error
+            return memory.last_metrics, None, error
+        return self._read_redis(job, retry_now=final)
 
     def _apply(
         self,
