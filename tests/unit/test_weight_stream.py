@@ -31,8 +31,7 @@ def as_tensor(bits: np.ndarray, shape: tuple[int, ...], dtype: torch.dtype) -> t
 @pytest.mark.parametrize("density", [0.0, 0.01, 0.3, 1.0])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("in_torch", [None, True])  # True: the device-memory path, run on CPU tensors
-def test_a_stream_over_tensors_round_trips_bit_exactly(density, dtype, threads, in_torch):
+def test_a_stream_over_tensors_round_trips_bit_exactly(density, dtype, threads):
     rng = np.random.default_rng(int(density * 100) + threads)
     olds = [random_bits(rng, s) for s in SHAPES]
     news = []
@@ -46,7 +45,7 @@ def test_a_stream_over_tensors_round_trips_bit_exactly(density, dtype, threads, 
     enc = EncodedDelta.from_meta(enc.meta(), enc.payload())
     targets = [as_tensor(o, s, dtype) for o, s in zip(olds, SHAPES, strict=True)]
     storages = [t.untyped_storage().data_ptr() for t in targets]
-    total, touched = apply_stream(targets, [o.size for o in olds], enc, TensorPool(threads), in_torch=in_torch)
+    total, touched = apply_stream(targets, [o.size for o in olds], enc, TensorPool(threads))
     assert total == change_sum(changes.positions, changes.old, changes.new)
     assert touched == [i for i, (o, n) in enumerate(zip(olds, news, strict=True)) if not np.array_equal(o, n)]
     for target, new, ptr in zip(targets, news, storages, strict=True):

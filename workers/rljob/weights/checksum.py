@@ -29,7 +29,7 @@ from zlib_ng import zlib_ng
 
 _U64 = np.uint64
 _MASK64 = (1 << 64) - 1
-# Changes per block in `change_sum_of_parts`: two uint64 buffers of this size stay in L2.
+# Changes per block in `change_sum` (its uint64 temporaries stay in L2).
 _SUM_BLOCK = 1 << 16
 
 
@@ -50,46 +50,18 @@ def change_sum(positions: np.ndarray, old: np.ndarray, new: np.ndarray, offset: 
     (any superset of the changed positions gives the same sum: unchanged elements contribute zero).
 
     `offset` is added to every position, so a caller holding positions local to a tensor gets the
-    sum of their model-wide positions without shifting them.
+    sum of their model-wide positions without shifting them. In blocks that stay in cache; the
+    uint64 products and sums wrap mod 2^64, as intended.
     """
-    return change_sum_of_parts(positions, old, new, np.zeros(1, dtype=np.intp), np.array([offset], dtype=np.int64))
-
-
-def change_sum_of_parts(
-    positions: np.ndarray, old: np.ndarray, new: np.ndarray, starts: np.ndarray, offsets: np.ndarray
-) -> int:
-    """`change_sum` of changes held as consecutive parts with positions local to each part: part k
-    starts at index `starts[k]` (starts[0] == 0) and its positions are offset by `offsets[k]`.
-
-    Computed as 2 * dot(d, p) + sum_k (2 offset_k + 1) * (sum of d over part k), with
-    d = T[new] - T[old]: a handful of numpy calls per block of changes for all parts together, in
-    two reused buffers that stay in cache.
-    """
-    count = positions.size
-    if count == 0:
-        return 0
-    starts = np.asarray(starts, dtype=np.intp)
-    shifts = np.asarray(offsets, dtype=np.int64).astype(_U64) * _U64(2) + _U64(1)
-    where = positions.view(_U64) if positions.dtype == np.int64 else positions.astype(_U64)
-    new_bits, old_bits = np.asarray(new).view(np.uint16), np.asarray(old).view(np.uint16)
-    size = min(_SUM_BLOCK, count)
-    diff, before, index = np.empty(size, dtype=_U64), np.empty(size, dtype=_U64), np.empty(size, dtype=np.intp)
-    weighted = per_part = 0
-    for a in range(0, count, _SUM_BLOCK):
-        b = min(a + _SUM_BLOCK, count)
-        d, e, i = diff[: b - a], before[: b - a], index[: b - a]
-        # take converts a uint16 index to intp in a fresh array on every call; a reused one is cheaper.
-        np.copyto(i, new_bits[a:b], casting="safe")
-        np.take(_VALUE_HASH, i, out=d, mode="wrap")  # a uint16 is always in the table's range
-        np.copyto(i, old_bits[a:b], casting="safe")
-        np.take(_VALUE_HASH, i, out=e, mode="wrap")
-        d -= e
-        weighted += int(np.dot(d, where[a:b]))  # uint64 multiply-add wraps mod 2^64, as intended
-        first = int(np.searchsorted(starts, a, side="right")) - 1  # the part holding element a
-        stop = int(np.searchsorted(starts, b, side="left"))  # parts starting before b
-        cuts = np.concatenate(([0], starts[first + 1 : stop] - a))
-        per_part += int(np.dot(np.add.reduceat(d, cuts), shifts[first:stop]))
-    return (2 * weighted + per_part) & _MASK64
+    old_bits, new_bits = np.asarray(old).view(np.uint16), np.asarray(new).view(np.uint16)
+    first = _U64((2 * offset + 1) & _MASK64)
+    total = 0
+    for a in range(0, positions.size, _SUM_BLOCK):
+        b = min(a + _SUM_BLOCK, positions.size)
+        diff = _VALUE_HASH[new_bits[a:b]] - _VALUE_HASH[old_bits[a:b]]
+        odd = positions[a:b].astype(_U64) * _U64(2) + first
+        total += int(np.dot(diff, odd))
+    return total & _MASK64
 
 
 def format_sum(value: int) -> str:

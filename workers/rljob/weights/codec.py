@@ -15,7 +15,7 @@ A step needs the old value, so the reader must hold exactly the base version; it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +25,6 @@ from zlib_ng import zlib_ng
 from rljob.weights.changes import Changes, as_flat_bits, find_changes
 
 WIDTHS = (1, 2, 4, 8)
-# Values per block in the ulp kernels (their two int16 buffers stay in L1/L2).
-_ULP_BLOCK = 1 << 16
 
 
 class DeltaFormatError(ValueError):
@@ -90,56 +88,17 @@ def from_ordered(ordered: np.ndarray) -> np.ndarray:
     return to_ordered(ordered).view(np.uint16)
 
 
-def _int16_blocks(count: int) -> Iterator[tuple[slice, np.ndarray, np.ndarray]]:
-    """Blocks of the ulp kernels with two int16 scratch arrays reused from block to block, so the
-    in-place ufuncs stay in cache instead of making a temporary the size of the changes each."""
-    first, second = np.empty(min(_ULP_BLOCK, count), dtype=np.int16), np.empty(min(_ULP_BLOCK, count), np.int16)
-    for a in range(0, count, _ULP_BLOCK):
-        b = min(a + _ULP_BLOCK, count)
-        yield slice(a, b), first[: b - a], second[: b - a]
-
-
 def ulp_zigzag(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     """Signed ulp steps old -> new (wrapping mod 2^16), zig-zag coded, as uint16."""
-    old_s = np.ascontiguousarray(old).reshape(-1).view(np.int16)
-    new_s = np.ascontiguousarray(new).reshape(-1).view(np.int16)
-    out = np.empty(old_s.size, dtype=np.uint16)
-    magnitude, result = np.int16(0x7FFF), out.view(np.int16)
-    for block, step, sign in _int16_blocks(old_s.size):
-        o, n, r = old_s[block], new_s[block], result[block]
-        np.right_shift(n, 15, out=sign)  # step = to_ordered(new) - to_ordered(old)
-        sign &= magnitude
-        np.bitwise_xor(n, sign, out=step)
-        np.right_shift(o, 15, out=sign)
-        sign &= magnitude
-        sign ^= o
-        step -= sign
-        np.left_shift(step, 1, out=r)  # r = (step << 1) ^ (step >> 15)
-        step >>= 15
-        r ^= step
-    return out
+    step = to_ordered(np.ravel(new)) - to_ordered(np.ravel(old))
+    return ((step << 1) ^ (step >> 15)).view(np.uint16)
 
 
 def ulp_unzigzag(old: np.ndarray, zig: np.ndarray) -> np.ndarray:
     """Inverse of `ulp_zigzag`: the new patterns from the old ones and the zig-zag steps."""
-    old_s = np.ascontiguousarray(old).reshape(-1).view(np.int16)
-    zig_u = np.ascontiguousarray(zig, dtype=np.uint16).reshape(-1)
-    out = np.empty(old_s.size, dtype=np.uint16)
-    magnitude, result = np.int16(0x7FFF), out.view(np.int16)
-    for block, step, sign in _int16_blocks(old_s.size):
-        z, o, r = zig_u[block], old_s[block], result[block]
-        np.right_shift(z, 1, out=step.view(np.uint16))  # step = (z >> 1) ^ -(z & 1)
-        np.bitwise_and(z, 1, out=sign.view(np.uint16))
-        np.negative(sign, out=sign)
-        step ^= sign
-        np.right_shift(o, 15, out=sign)  # r = to_ordered(old) + step
-        sign &= magnitude
-        np.bitwise_xor(o, sign, out=r)
-        r += step
-        np.right_shift(r, 15, out=sign)  # r = from_ordered(r)
-        sign &= magnitude
-        r ^= sign
-    return out
+    zig = np.ravel(zig).astype(np.uint16, copy=False)
+    step = (zig >> 1).view(np.int16) ^ -(zig & 1).view(np.int16)
+    return from_ordered(to_ordered(np.ravel(old)) + step)
 
 
 def _width(top: int) -> int:
