@@ -29,7 +29,7 @@ from zlib_ng import zlib_ng
 
 _U64 = np.uint64
 _MASK64 = (1 << 64) - 1
-# Changes per block in `change_sum` (its uint64 temporaries stay in L2).
+# Changes per block in `change_sum`: its uint64 buffers of this size stay in L2.
 _SUM_BLOCK = 1 << 16
 
 
@@ -50,18 +50,30 @@ def change_sum(positions: np.ndarray, old: np.ndarray, new: np.ndarray, offset: 
     (any superset of the changed positions gives the same sum: unchanged elements contribute zero).
 
     `offset` is added to every position, so a caller holding positions local to a tensor gets the
-    sum of their model-wide positions without shifting them. In blocks that stay in cache; the
-    uint64 products and sums wrap mod 2^64, as intended.
+    sum of their model-wide positions without shifting them. Computed as
+    2 * dot(d, p) + (2 offset + 1) * sum(d), d = T[new] - T[old], block by block in reused buffers
+    that stay in cache (uint64 arithmetic wraps mod 2^64, as intended).
     """
-    old_bits, new_bits = np.asarray(old).view(np.uint16), np.asarray(new).view(np.uint16)
-    first = _U64((2 * offset + 1) & _MASK64)
-    total = 0
-    for a in range(0, positions.size, _SUM_BLOCK):
-        b = min(a + _SUM_BLOCK, positions.size)
-        diff = _VALUE_HASH[new_bits[a:b]] - _VALUE_HASH[old_bits[a:b]]
-        odd = positions[a:b].astype(_U64) * _U64(2) + first
-        total += int(np.dot(diff, odd))
-    return total & _MASK64
+    count = positions.size
+    if count == 0:
+        return 0
+    where = positions.view(_U64) if positions.dtype == np.int64 else positions.astype(_U64)
+    new_bits, old_bits = np.asarray(new).view(np.uint16), np.asarray(old).view(np.uint16)
+    size = min(_SUM_BLOCK, count)
+    diff, before, index = np.empty(size, dtype=_U64), np.empty(size, dtype=_U64), np.empty(size, dtype=np.intp)
+    weighted = total = 0
+    for a in range(0, count, _SUM_BLOCK):
+        b = min(a + _SUM_BLOCK, count)
+        d, e, i = diff[: b - a], before[: b - a], index[: b - a]
+        # take converts a uint16 index to intp in a fresh array on every call; a reused one is cheaper.
+        np.copyto(i, new_bits[a:b], casting="safe")
+        np.take(_VALUE_HASH, i, out=d, mode="wrap")  # a uint16 is always in the table's range
+        np.copyto(i, old_bits[a:b], casting="safe")
+        np.take(_VALUE_HASH, i, out=e, mode="wrap")
+        d -= e
+        weighted += int(np.dot(d, where[a:b]))
+        total += int(d.sum())
+    return (2 * weighted + (2 * offset + 1) * total) & _MASK64
 
 
 def format_sum(value: int) -> str:

@@ -265,7 +265,7 @@ class WeightReader:
                     self._check_shape(target[name], published[name].shape, name)
                 ensure_target(target, name, published[name])
             tensors = named_tensors(target)
-        self._verify(tensors, manifest, names)
+        verify_checksums(tensors, manifest, names, self._pool)
         return names
 
     def _apply_delta(self, target: Target, manifest: Manifest, payload: bytes) -> list[str]:
@@ -282,17 +282,13 @@ class WeightReader:
         sizes = [math.prod(entry.shape) for entry in entries]
         actual, touched = apply_stream([tensors.get(entry.name) for entry in entries], sizes, enc, self._pool)
         _check_change_sum(manifest, actual)
-        self._verify(tensors, manifest, [entry.name for entry in entries if entry.checksum])
+        verify_checksums(tensors, manifest, [entry.name for entry in entries if entry.checksum], self._pool)
         return [entries[i].name for i in touched]
 
     @staticmethod
     def _check_shape(tensor: torch.Tensor, shape: tuple[int, ...] | torch.Size, name: str) -> None:
         if tuple(tensor.shape) != tuple(shape):
             raise WeightLayoutError(f"{name}: target shape {tuple(tensor.shape)}, published {tuple(shape)}")
-
-    def _verify(self, tensors: dict[str, torch.Tensor], manifest: Manifest, names: list[str]) -> None:
-        """SHA-256 of each named tensor (over its `check_range`, or whole) against the manifest."""
-        verify_checksums(tensors, manifest, names, self._pool)
 
     def close(self) -> None:
         """Stop the apply threads (idempotent; a later sync starts them again)."""
