@@ -14,16 +14,14 @@ from rljob.weights.checksum import bf16_bits, change_sum, tensor_checksum
 from rljob.weights.codec import (
     DeltaFormatError,
     EncodedDelta,
-    apply_delta_bits,
-    decode,
     decode_positions,
     encode,
-    encode_delta,
     from_ordered,
     to_ordered,
     ulp_unzigzag,
     ulp_zigzag,
 )
+from support.weight_codec import apply_delta_bits, decode, encode_delta
 
 SHAPES = [(), (1,), (7,), (3, 5, 7), (1023,), (64, 33)]
 

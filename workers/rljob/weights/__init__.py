@@ -6,7 +6,7 @@ commit protocol), `manifest` (what a version is).
 """
 
 from rljob.weights.apply import named_tensors
-from rljob.weights.codec import EncodedDelta, apply_delta_bits, decode, encode_delta
+from rljob.weights.codec import EncodedDelta
 from rljob.weights.publisher import PublishResult, WeightPublisher
 from rljob.weights.reader import SyncResult, WeightLayoutError, WeightReader
 from rljob.weights.store import (
@@ -33,8 +33,5 @@ __all__ = [
     "WeightPublisher",
     "WeightReader",
     "WeightStoreError",
-    "apply_delta_bits",
-    "decode",
-    "encode_delta",
     "named_tensors",
 ]

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from zlib_ng import zlib_ng
 
-from rljob.weights.changes import Changes, as_flat_bits, find_changes
+from rljob.weights.changes import Changes
 
 WIDTHS = (1, 2, 4, 8)
 
@@ -162,14 +162,6 @@ def encode(
     return EncodedDelta(numel, changes.count, gap_width, step_width, (gap_stream, step_stream))
 
 
-def encode_delta(old_bits: np.ndarray, new_bits: np.ndarray) -> EncodedDelta:
-    """The coding of the change from one flat bit-pattern array to another of the same size."""
-    old, new = as_flat_bits(old_bits), as_flat_bits(new_bits)
-    if old.shape != new.shape:
-        raise ValueError(f"shape mismatch: {old.shape} vs {new.shape}")
-    return encode(find_changes(old, new), int(new.size))
-
-
 def decode_positions(enc: EncodedDelta) -> np.ndarray:
     """Flat int64 positions of the changed values, strictly increasing, checked to lie inside."""
     if enc.count == 0:
@@ -192,21 +184,3 @@ def decode_steps(enc: EncodedDelta) -> np.ndarray:
     steps = _inflated_planes(enc.streams[1], enc.count, enc.step_width, np.uint16)
     steps += np.uint16(1)
     return steps
-
-
-def decode(enc: EncodedDelta, old_bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(positions, new bit patterns) of a delta against the whole flat `old_bits`."""
-    old = as_flat_bits(old_bits)
-    if old.size != enc.numel:
-        raise ValueError(f"delta is for {enc.numel} values, the array has {old.size}")
-    positions = decode_positions(enc)
-    return positions, ulp_unzigzag(old[positions], decode_steps(enc))
-
-
-def apply_delta_bits(bits: np.ndarray, enc: EncodedDelta) -> None:
-    """Apply a delta in place to a writable, contiguous array of 16-bit patterns."""
-    flat = bits.reshape(-1).view(np.uint16)
-    if flat.size and not np.shares_memory(flat, bits):
-        raise ValueError("bits must be contiguous so the delta is applied in place")
-    positions, values = decode(enc, flat)
-    flat[positions] = values
