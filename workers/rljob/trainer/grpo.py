@@ -16,7 +16,7 @@ import torch
 
 from rljob.config import GRPOSpec
 from rljob.protocol import TrajectoryGroup
-from rljob.trainer.batch import MicroBatch, Sample, collate, micro_batches, shard, trainable_samples
+from rljob.trainer.batch import MicroBatch, collate, micro_batches, shard, trainable_samples
 from rljob.trainer.distributed import Gang, all_reduce_sum, sync_gradients
 from rljob.trainer.logits import TokenLogprobs, masked_token_logprobs
 from rljob.trainer.loss import aggregate, grpo_token_terms
@@ -257,10 +257,3 @@ class GRPOTrainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state.get("updates", 0))  # checkpoints before lrWarmupSteps did not count
-
-
-def samples_of(groups: Sequence[TrajectoryGroup], current_version: int, spec: GRPOSpec) -> list[Sample]:
-    """The samples a step would train on (for inspection and tests)."""
-    return trainable_samples(
-        groups, current_version=current_version, max_policy_lag=spec.max_policy_lag, scale_rewards=spec.scale_rewards
-    ).samples

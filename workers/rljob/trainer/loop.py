@@ -302,7 +302,3 @@ def warm_up(
     broadcast_parameters(gang, trainer.model)
     if trainer.ref_model is not None:
         trainer.ref_model.load_state_dict(trainer.model.state_dict())
-
-
-def default_checkpoint_dir(job: RLJob) -> str:
-    return str(Path(os.environ.get("RLJOB_CHECKPOINT_DIR", "/checkpoints")) / job.metadata.name)
