@@ -14,6 +14,9 @@ import torch
 from rljob.protocol import Trajectory, TrajectoryGroup
 from rljob.trainer.advantages import group_advantages, is_degenerate
 
+# Fewer shared leading tokens than this are not worth a forward of their own.
+MIN_SHARED_PREFIX = 8
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -99,7 +102,46 @@ def shard(samples: Sequence[Sample], rank: int, world_size: int) -> list[Sample]
 
 
 def micro_batches(samples: Sequence[Sample], size: int) -> list[list[Sample]]:
+    """Consecutive runs of at most `size` samples, in the order given."""
     return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
+
+
+def prompt_of(sample: Sample) -> tuple[int, ...]:
+    """The tokens before the sample's first generated one: its question's prompt."""
+    first = next((i for i, m in enumerate(sample.loss_mask) if m), len(sample.token_ids))
+    return tuple(sample.token_ids[:first])
+
+
+def prompt_micro_batches(samples: Sequence[Sample], size: int) -> list[list[Sample]]:
+    """Micro-batches of samples that share a prompt (a group's), longest first within each.
+
+    Rows of one prompt together let `collate` share their prefix (computed once a micro-batch);
+    longest first keeps rows of like length padding together. The loss is normalised by the
+    step's whole token (or sequence) count, so the grouping changes nothing but float rounding.
+    """
+    by_prompt: dict[tuple[int, ...], list[Sample]] = {}
+    for sample in samples:
+        by_prompt.setdefault(prompt_of(sample), []).append(sample)
+    out: list[list[Sample]] = []
+    for group in by_prompt.values():
+        out += micro_batches(sorted(group, key=lambda s: -len(s.token_ids)), size)
+    return out
+
+
+def shared_prefix_length(samples: Sequence[Sample], minimum: int = MIN_SHARED_PREFIX) -> int:
+    """Leading tokens every sample has in common and that predict no loss token, or 0 when fewer
+    than `minimum` or a single sample (nothing to share).
+
+    The last shared position stays out, so that each row's own forward starts at the position
+    whose logits predict its first generated token.
+    """
+    if len(samples) < 2:
+        return 0
+    first_loss = min(next((i for i, m in enumerate(s.loss_mask) if m), len(s.token_ids)) for s in samples)
+    head, length = samples[0].token_ids, max(first_loss - 1, 0)
+    for s in samples[1:]:
+        length = next((i for i in range(length) if s.token_ids[i] != head[i]), length)
+    return length if length >= minimum else 0
 
 
 @dataclass
@@ -116,14 +158,20 @@ class MicroBatch:
     mask: torch.Tensor  # [b, T-1] bool: generated tokens only
     behaviour_logp: torch.Tensor  # [b, T-1] float32
     advantages: torch.Tensor  # [b] float32
+    # Leading tokens all rows share that predict no loss token (a group's prompt): the forward
+    # may compute them once for the micro-batch (`logits.masked_token_logprobs`). 0 = none.
+    shared_prefix: int = 0
 
     @property
     def num_tokens(self) -> int:
         return int(self.mask.sum())
 
 
-def collate(samples: Sequence[Sample], pad_token_id: int, device: torch.device | str = "cpu") -> MicroBatch:
-    """Pad a micro-batch on the right and shift labels by one."""
+def collate(
+    samples: Sequence[Sample], pad_token_id: int, device: torch.device | str = "cpu", *, share_prefix: bool = False
+) -> MicroBatch:
+    """Pad a micro-batch on the right and shift labels by one; with `share_prefix`, note the
+    prefix the rows share (`shared_prefix_length`)."""
     if not samples:
         raise ValueError("cannot collate an empty micro-batch")
     width = max(len(s.token_ids) for s in samples)
@@ -146,4 +194,5 @@ def collate(samples: Sequence[Sample], pad_token_id: int, device: torch.device |
         mask=mask[:, 1:].to(device),
         behaviour_logp=old[:, 1:].to(device),
         advantages=adv.to(device),
+        shared_prefix=shared_prefix_length(samples) if share_prefix else 0,
     )

@@ -16,7 +16,7 @@ import torch
 
 from rljob.config import GRPOSpec
 from rljob.protocol import TrajectoryGroup
-from rljob.trainer.batch import MicroBatch, collate, micro_batches, shard, trainable_samples
+from rljob.trainer.batch import MicroBatch, collate, prompt_micro_batches, shard, trainable_samples
 from rljob.trainer.distributed import Gang, all_reduce_sum, sync_gradients
 from rljob.trainer.logits import TokenLogprobs, masked_token_logprobs
 from rljob.trainer.loss import aggregate, grpo_token_terms
@@ -153,10 +153,14 @@ class GRPOTrainer:
             stats.train_seconds = time.perf_counter() - started
             return stats  # nothing to learn from: no step, so AdamW's momentum does not move us
 
-        # Longest first, so rows of like length pad together; the loss is normalised by the step's
-        # whole token (or sequence) count, so the grouping changes nothing but float rounding.
-        mine = sorted(shard(selection.samples, self.gang.rank, self.gang.world_size), key=lambda s: -len(s.token_ids))
-        batches = [collate(mb, self.pad_token_id, self.device) for mb in micro_batches(mine, spec.micro_batch_size)]
+        # A group's rows together, so each micro-batch computes their prompt once (not through
+        # checkpointed layers, which drop the prompt's keys and values).
+        mine = shard(selection.samples, self.gang.rank, self.gang.world_size)
+        share = not spec.gradient_checkpointing
+        batches = [
+            collate(mb, self.pad_token_id, self.device, share_prefix=share)
+            for mb in prompt_micro_batches(mine, spec.micro_batch_size)
+        ]
         sums = torch.zeros(len(_STAT_FIELDS), dtype=torch.float64)
         ref_cache = [self._ref_logprobs(mb) for mb in batches] if self.ref_model is not None else None
         prox_cache: list[torch.Tensor] = []

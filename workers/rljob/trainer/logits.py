@@ -3,8 +3,9 @@
 About four fifths of a trajectory's positions carry no loss (the prompt, retrieved passages,
 padding), and a small model's vocabulary projection is a large share of its FLOPs (SmolLM2: 57 of
 about 290 MFLOP a token) plus a [tokens, vocab] logits tensor per micro-batch. For model families
-whose logits are the plain head of the last hidden state, the body runs on every position and the
-head only on the loss positions; the others take the full forward, because many transform their
+whose logits are the plain head of the last hidden state, the body runs on every position (a
+prefix the rows share, their group's prompt, once) and the head only on the loss positions; the
+others take the full forward, because many transform their
 logits inside it (Granite's logits_scaling, Cohere's logit_scale, Gemma 2's soft-capping).
 
 The body may run under autocast (bf16 on fast hardware); the head and the log-softmax always run
@@ -14,6 +15,7 @@ in fp32, since bf16 logits carry an ulp of 0.06-0.125 at the magnitudes a softma
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +49,44 @@ def _body_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Mo
     return body, head
 
 
+def _checkpointing(module: torch.nn.Module) -> bool:
+    """transformers drops a cache passed through a checkpointed layer while training."""
+    return (
+        module.training
+        and torch.is_grad_enabled()
+        and any(getattr(m, "gradient_checkpointing", False) for m in module.modules())
+    )
+
+
+def _hidden_states(body: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor, int]:
+    """The body's last hidden states from position `start` on, and `start`.
+
+    With a shared prefix of L tokens (`mb.shared_prefix`), those are computed once, on one row,
+    and every row's own tokens attend to that row's keys and values, copied per row: the same
+    values as a forward over every row whole, up to float rounding, in about L x (rows - 1)
+    fewer token positions. Gradients reach the prefix through its keys and values.
+    """
+    shared = mb.shared_prefix
+    if not shared or _checkpointing(body):
+        out = body(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+        return out.last_hidden_state, 0
+    # transformers 5 renamed the `past_key_values` argument and output to `cache`.
+    name = "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
+    prefix = body(input_ids=mb.input_ids[:1, :shared], use_cache=True)
+    cache = getattr(prefix, name)
+    cache.batch_repeat_interleave(mb.input_ids.shape[0])
+    rows, width = mb.input_ids.shape
+    positions = torch.arange(shared, width, device=mb.input_ids.device).expand(rows, -1)
+    out = body(
+        input_ids=mb.input_ids[:, shared:],
+        attention_mask=mb.attention_mask,
+        position_ids=positions,
+        use_cache=True,
+        **{name: cache},
+    )
+    return out.last_hidden_state, shared
+
+
 def _scatter(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
 
@@ -76,8 +116,8 @@ def masked_token_logprobs(
         return TokenLogprobs(logp, ent)
     body, head = parts
     with autocast_context(device, autocast_dtype):
-        hidden = body(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).last_hidden_state
-    picked = hidden[:, :-1, :][mb.mask]  # [loss tokens, hidden]
+        hidden, start = _hidden_states(body, mb)
+    picked = hidden[:, :-1, :][mb.mask[:, start:]]  # [loss tokens, hidden], in `mb.mask` order
     with torch.autocast(device.type, enabled=False):
         logits = head(picked.float())  # [loss tokens, vocab], fp32 master weights
     if temperature != 1.0:
