@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rljob.trainer.advantages import batch_advantages, group_advantages, is_degenerate
+from rljob.trainer.advantages import group_advantages, is_degenerate
 
 
 def test_centered_and_scaled_by_unbiased_std() -> None:
@@ -34,6 +34,6 @@ def test_all_equal_groups_get_exactly_zero(rewards: list[float]) -> None:
 
 
 def test_groups_are_independent_and_may_differ_in_size() -> None:
-    out = batch_advantages([[1.0, 0.0], [5.0, 5.0, 5.0], [2.0, 4.0, 6.0]], scale=False)
+    out = [group_advantages(g, scale=False) for g in ([1.0, 0.0], [5.0, 5.0, 5.0], [2.0, 4.0, 6.0])]
     assert out == [[0.5, -0.5], [0.0, 0.0, 0.0], [-2.0, 0.0, 2.0]]
     assert not is_degenerate([0.0, 1.0])

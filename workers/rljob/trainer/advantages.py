@@ -32,10 +32,3 @@ def group_advantages(rewards: Sequence[float], *, scale: bool = True, eps: float
 def is_degenerate(rewards: Sequence[float]) -> bool:
     """True when a group cannot rank its samples: fewer than two, or all rewards equal."""
     return len(rewards) < 2 or all(r == rewards[0] for r in rewards)
-
-
-def batch_advantages(
-    groups_rewards: Sequence[Sequence[float]], *, scale: bool = True, eps: float = 1e-6
-) -> list[list[float]]:
-    """`group_advantages` for each group of a step (groups may differ in size)."""
-    return [group_advantages(g, scale=scale, eps=eps) for g in groups_rewards]

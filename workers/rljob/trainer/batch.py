@@ -162,10 +162,6 @@ class MicroBatch:
     # may compute them once for the micro-batch (`logits.masked_token_logprobs`). 0 = none.
     shared_prefix: int = 0
 
-    @property
-    def num_tokens(self) -> int:
-        return int(self.mask.sum())
-
 
 def collate(
     samples: Sequence[Sample], pad_token_id: int, device: torch.device | str = "cpu", *, share_prefix: bool = False
