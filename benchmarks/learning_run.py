@@ -7,6 +7,8 @@ runs, whose trainer evaluates at step 0 (after the warm-up), every eval.interval
   python benchmarks/learning_run.py                      # everything on dev (about 2 h on 2 idle CPU cores)
   python benchmarks/learning_run.py --split validation --lags 1 --set grpo.learningRate=3e-5 --name lr3e-5
                                                          # choosing settings: scored on the validation slice
+  python benchmarks/learning_run.py --lags 0 --set data.seed=1 --name seed1
+                                                         # a replicate on dev: learning_seed1.*, full-seed1/
   python benchmarks/learning_run.py --summarise-only     # rebuild JSON + PNG from finished runs
   python benchmarks/learning_run.py --quick              # smoke: 1 RL step, 4 questions, 8 demonstrations
 Interrupted runs resume (`rljob run --resume`) and finished ones are kept, so the command can be run
@@ -259,7 +261,7 @@ def main() -> None:
                         help="score dev.jsonl (eval), or the validation slice while choosing settings")  # fmt: skip
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a spec field, e.g. grpo.learningRate=3e-5 (YAML value)")  # fmt: skip
-    parser.add_argument("--name", default="base", help="label of a --split validation variant")
+    parser.add_argument("--name", default="base", help="label of a variant: --split validation, or a replicate on dev")
     parser.add_argument("--rerun-baseline", action="store_true", help="score the untrained model again")
     parser.add_argument("--fresh", action="store_true", help="start runs over instead of resuming or keeping them")
     args = parser.parse_args()
@@ -267,6 +269,8 @@ def main() -> None:
         name, folder = "learning-quick", "quick"
     elif args.split == "validation":
         name, folder = f"learning_validation_{args.name}", f"validation-{args.name}"
+    elif args.name != "base":  # a replicate of the recipe on dev (another seed, say): its own files
+        name, folder = f"learning_{args.name}", f"full-{args.name}"
     else:
         name, folder = "learning", "full"
     work = args.work / folder
