@@ -106,10 +106,9 @@ def micro_batches(samples: Sequence[Sample], size: int) -> list[list[Sample]]:
     return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
 
 
-def prompt_of(sample: Sample) -> tuple[int, ...]:
-    """The tokens before the sample's first generated one: its question's prompt."""
-    first = next((i for i, m in enumerate(sample.loss_mask) if m), len(sample.token_ids))
-    return tuple(sample.token_ids[:first])
+def first_generated(sample: Sample) -> int:
+    """Index of the sample's first generated token: the tokens before it are its prompt."""
+    return next((i for i, m in enumerate(sample.loss_mask) if m), len(sample.token_ids))
 
 
 def prompt_micro_batches(samples: Sequence[Sample], size: int) -> list[list[Sample]]:
@@ -121,7 +120,7 @@ def prompt_micro_batches(samples: Sequence[Sample], size: int) -> list[list[Samp
     """
     by_prompt: dict[tuple[int, ...], list[Sample]] = {}
     for sample in samples:
-        by_prompt.setdefault(prompt_of(sample), []).append(sample)
+        by_prompt.setdefault(tuple(sample.token_ids[: first_generated(sample)]), []).append(sample)
     out: list[list[Sample]] = []
     for group in by_prompt.values():
         out += micro_batches(sorted(group, key=lambda s: -len(s.token_ids)), size)
@@ -137,8 +136,7 @@ def shared_prefix_length(samples: Sequence[Sample], minimum: int = MIN_SHARED_PR
     """
     if len(samples) < 2:
         return 0
-    first_loss = min(next((i for i, m in enumerate(s.loss_mask) if m), len(s.token_ids)) for s in samples)
-    head, length = samples[0].token_ids, max(first_loss - 1, 0)
+    head, length = samples[0].token_ids, max(min(first_generated(s) for s in samples) - 1, 0)
     for s in samples[1:]:
         length = next((i for i in range(length) if s.token_ids[i] != head[i]), length)
     return length if length >= minimum else 0

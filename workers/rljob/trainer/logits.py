@@ -5,8 +5,8 @@ padding), and a small model's vocabulary projection is a large share of its FLOP
 about 290 MFLOP a token) plus a [tokens, vocab] logits tensor per micro-batch. For model families
 whose logits are the plain head of the last hidden state, the body runs on every position (a
 prefix the rows share, their group's prompt, once) and the head only on the loss positions; the
-others take the full forward, because many transform their
-logits inside it (Granite's logits_scaling, Cohere's logit_scale, Gemma 2's soft-capping).
+others take the full forward, because many transform their logits inside it (Granite's
+logits_scaling, Cohere's logit_scale, Gemma 2's soft-capping).
 
 The body may run under autocast (bf16 on fast hardware); the head and the log-softmax always run
 in fp32, since bf16 logits carry an ulp of 0.06-0.125 at the magnitudes a softmax sees.
@@ -72,10 +72,9 @@ def _hidden_states(body: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor,
         return out.last_hidden_state, 0
     # transformers 5 renamed the `past_key_values` argument and output to `cache`.
     name = "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
-    prefix = body(input_ids=mb.input_ids[:1, :shared], use_cache=True)
-    cache = getattr(prefix, name)
-    cache.batch_repeat_interleave(mb.input_ids.shape[0])
     rows, width = mb.input_ids.shape
+    cache = getattr(body(input_ids=mb.input_ids[:1, :shared], use_cache=True), name)
+    cache.batch_repeat_interleave(rows)
     positions = torch.arange(shared, width, device=mb.input_ids.device).expand(rows, -1)
     out = body(
         input_ids=mb.input_ids[:, shared:],
