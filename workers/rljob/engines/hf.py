@@ -19,7 +19,6 @@ decode attention is two matmuls instead of torch's SDPA kernel (`attention`).
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +29,7 @@ from rljob.config import ModelSpec
 from rljob.engines.attention import register
 from rljob.engines.base import Completion, GenerationEngine, TurnParams, WeightSyncer
 from rljob.engines.kv_cache import GrowingCache
-from rljob.engines.models import load_model, load_tokenizer
+from rljob.engines.models import cache_argument, load_model, load_tokenizer
 from rljob.weights.reader import SyncResult
 
 _STOP_TAIL_TOKENS = 16  # stop strings are short: a tail this long always contains a fresh match
@@ -138,8 +137,7 @@ class HFEngine(GenerationEngine):
         if tokenizer.eos_token_id is not None:
             eos_ids.add(tokenizer.eos_token_id)
         self.eos_ids = eos_ids
-        # transformers 5.x renamed `past_key_values` to `cache` (the old name is deprecated).
-        self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._cache_arg = cache_argument(model)
         self.policy_version = 0
         self.stats = EngineStats()
         self._state: _CacheState | None = None
@@ -169,7 +167,7 @@ class HFEngine(GenerationEngine):
             **{self._cache_arg: cache},
         )
         self.stats.forward_calls += 1
-        new_cache = out.cache if self._cache_arg == "cache" else out.past_key_values
+        new_cache = getattr(out, self._cache_arg)
         return out.logits[:, -1, :], new_cache
 
     def _new_cache(self) -> Any:

@@ -7,6 +7,7 @@ bf16, so a bf16 engine takes them as they are and an fp32 one holds them exactly
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,12 @@ import torch
 
 from rljob.config import ModelSpec
 from rljob.precision import compute_dtype
+
+
+def cache_argument(module: torch.nn.Module) -> str:
+    """The name of a transformers model's KV-cache argument and output: transformers 5 renamed
+    `past_key_values` to `cache` (the old name is deprecated)."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 def serving_dtype(spec: ModelSpec, device: str | torch.device) -> torch.dtype:

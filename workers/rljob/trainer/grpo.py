@@ -153,12 +153,10 @@ class GRPOTrainer:
             stats.train_seconds = time.perf_counter() - started
             return stats  # nothing to learn from: no step, so AdamW's momentum does not move us
 
-        # A group's rows together, so each micro-batch computes their prompt once (not through
-        # checkpointed layers, which drop the prompt's keys and values).
+        # A group's rows together, so each micro-batch computes their prompt once.
         mine = shard(selection.samples, self.gang.rank, self.gang.world_size)
-        share = not spec.gradient_checkpointing
         batches = [
-            collate(mb, self.pad_token_id, self.device, share_prefix=share)
+            collate(mb, self.pad_token_id, self.device, share_prefix=True)
             for mb in prompt_micro_batches(mine, spec.micro_batch_size)
         ]
         sums = torch.zeros(len(_STAT_FIELDS), dtype=torch.float64)

@@ -15,11 +15,11 @@ in fp32, since bf16 logits carry an ulp of 0.06-0.125 at the magnitudes a softma
 from __future__ import annotations
 
 import contextlib
-import inspect
 from dataclasses import dataclass
 
 import torch
 
+from rljob.engines.models import cache_argument
 from rljob.trainer.batch import MicroBatch
 from rljob.trainer.loss import token_entropy, token_logprobs
 
@@ -70,8 +70,7 @@ def _hidden_states(body: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor,
     if not shared or _checkpointing(body):
         out = body(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
         return out.last_hidden_state, 0
-    # transformers 5 renamed the `past_key_values` argument and output to `cache`.
-    name = "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
+    name = cache_argument(body)
     rows, width = mb.input_ids.shape
     cache = getattr(body(input_ids=mb.input_ids[:1, :shared], use_cache=True), name)
     cache.batch_repeat_interleave(rows)
