@@ -85,3 +85,13 @@ def test_evaluations_can_score_the_validation_slice_instead_of_the_eval_set() ->
     assert [q.id for q in load_questions(_job())[1]] == [q.id for q in evaluation]
     with pytest.raises(ValueError, match=r"set data\.validationQuestions"):
         _job(data={"validationQuestions": 0}, eval={"split": "validation"})
+
+
+def test_max_questions_keeps_the_first_answerable_rl_questions_and_revisits_them_each_epoch() -> None:
+    whole, _ = load_questions(_job(grpo={"answerableOnly": True}))
+    job = _job(grpo={"answerableOnly": True, "maxQuestions": 12, "questionsPerStep": 6})
+    small, _ = load_questions(job)
+    assert [q.id for q in small] == [q.id for q in whole[:12]]
+    epochs = [{r.question_id for s in (2 * e, 2 * e + 1) for r in step_requests(s, small, job, 0)} for e in range(4)]
+    assert all(asked == {q.id for q in small} for asked in epochs)
+    assert len(load_questions(_job(grpo={"maxQuestions": 10_000}))[0]) == 2005 - 296

@@ -187,6 +187,16 @@ class GRPOSpec(ApiModel):
             "on the others every sample scores 0, the group is dropped, and its rollouts were paid for."
         ),
     )
+    max_questions: int | None = Field(
+        None,
+        ge=1,
+        le=10_000_000,
+        description=(
+            "Train on at most this many RL questions (the first of the RL pool, after answerableOnly); a small "
+            "pool comes back every epoch, so the training reward compares the same questions over time. "
+            "Unset: the whole pool."
+        ),
+    )
     dynamic_sampling: bool = Field(
         False,
         description=(

@@ -118,6 +118,9 @@ def load_questions(job: RLJob) -> tuple[list[Any], list[Any]]:
                 "grpo.answerableOnly: no RL question's answer appears in its retrieved passages; raise agent.topK "
                 "or agent.passageMaxWords, or turn answerableOnly off"
             )
+    if job.spec.grpo.max_questions is not None and len(rl) > job.spec.grpo.max_questions:
+        rl = rl[: job.spec.grpo.max_questions]
+        sizes["rl_used"] = len(rl)
     scored = [train[i] for i in pools.validation] if job.spec.eval.split == "validation" else evaluation
     log.info(
         "question pools: %s of %d training questions; %d evaluation questions; evaluations score the %s",
