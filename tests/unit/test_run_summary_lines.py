@@ -30,6 +30,11 @@ def test_lines_separate_the_warmup_from_rl_and_show_the_reward_trend() -> None:
     assert "EM 0.000 -> 0.100 (+0.100; 5 gained, 0 lost, McNemar p=0.0625)" in lines[3]
     assert lines[4] == "training reward, mean of the first 2 RL steps 0.150 -> last 2 0.600"
     assert lines[-1] == "done: metrics, evals and plots in r"
+    pooled = RLJob.model_validate({"spec": {"grpo": {"questionsPerStep": 6, "maxQuestions": 12}}})
+    same = " (each quarter asks the same 12 questions, grpo.maxQuestions)"
+    assert closing_lines(summary, pooled)[4] == lines[4] + same
+    uneven = RLJob.model_validate({"spec": {"grpo": {"questionsPerStep": 5, "maxQuestions": 12}}})
+    assert closing_lines(summary, uneven)[4] == lines[4]
 
 
 def test_a_run_without_warmup_or_evaluations_says_only_where_its_results_are() -> None:

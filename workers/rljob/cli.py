@@ -159,7 +159,11 @@ def closing_lines(summary: dict, job: RLJob) -> list[str]:
     if len(rewards) >= 4:
         quarter = len(rewards) // 4
         first, last = sum(rewards[:quarter]) / quarter, sum(rewards[-quarter:]) / quarter
-        lines.append(f"training reward, mean of the first {quarter} RL steps {first:.3f} -> last {quarter} {last:.3f}")
+        line = f"training reward, mean of the first {quarter} RL steps {first:.3f} -> last {quarter} {last:.3f}"
+        pool, per_step = job.spec.grpo.max_questions, job.spec.grpo.questions_per_step
+        if pool and (quarter * per_step) % pool == 0:
+            line += f" (each quarter asks the same {pool} questions, grpo.maxQuestions)"
+        lines.append(line)
     lines.append(f"done: metrics, evals and plots in {summary['results_dir']}")
     return lines
 
