@@ -1,9 +1,12 @@
 """Which dtype the policy computes in: bf16 where the hardware multiplies it fast, else fp32.
 
-On a CPU with AVX512_BF16 or AMX, bf16 matrix products run about twice as fast as fp32 or more
+On a CPU with AVX512_BF16 or AMX, bf16 matrix products usually run twice as fast as fp32 or more
 (`docs/results/step_speed.md`); without them torch emulates bf16 and it is slower than fp32. The
-check reads the processor's flags once per process and logs the choice. `spec.model.dtype` set
-to anything but `auto` is taken as given, on any device.
+flags are not enough: a virtual machine can show AVX512_BF16 and still multiply bf16 slower than
+fp32 (an Intel Xeon whose AMX the hypervisor hides measured 0.6x, `docs/results/step_speed.md`).
+So where the flags promise bf16, a fraction of a second of matrix products in both dtypes decides,
+once per process, and the choice is logged. `spec.model.dtype` set to anything but `auto` is taken
+as given, on any device.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import platform
+import time
 from pathlib import Path
 
 import torch
@@ -20,6 +24,8 @@ log = logging.getLogger(__name__)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _FAST_BF16_FLAGS = {"avx512_bf16", "amx_bf16"}  # x86 (/proc/cpuinfo "flags")
 _FAST_BF16_FEATURES = {"bf16"}  # aarch64 (/proc/cpuinfo "Features"): BFMMLA and friends
+PROBE_SHAPE = (256, 576, 1536)  # tokens x hidden x MLP width: one of SmolLM2-135M's products
+MIN_BF16_SPEEDUP = 1.2  # bf16 must beat fp32 clearly to be worth its rounding
 
 
 def cpu_flags(cpuinfo: str) -> set[str]:
@@ -36,14 +42,48 @@ def has_fast_bf16(flags: set[str], machine: str) -> bool:
     return bool(flags & wanted)
 
 
+def product_seconds(a: torch.Tensor, b: torch.Tensor, reps: int = 2) -> float:
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return (time.perf_counter() - start) / reps
+
+
+def measured_bf16_speedup(shape: tuple[int, int, int] = PROBE_SHAPE, rounds: int = 7) -> float:
+    """fp32 time / bf16 time of one product on one thread (about 0.2 s). The two dtypes alternate
+    and each keeps its fastest round, so a neighbour's load (a trainer and a worker starting side
+    by side) slows both alike instead of deciding the verdict."""
+    m, k, n = shape
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    pairs = {dtype: (a.to(dtype), b.to(dtype)) for dtype in (torch.float32, torch.bfloat16)}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        best = dict.fromkeys(pairs, float("inf"))
+        for _ in range(rounds):
+            for dtype, (x, y) in pairs.items():
+                best[dtype] = min(best[dtype], product_seconds(x, y))
+    finally:
+        torch.set_num_threads(threads)
+    return best[torch.float32] / best[torch.bfloat16]
+
+
 @functools.cache
 def cpu_has_fast_bf16() -> bool:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         text = ""
-    fast = has_fast_bf16(cpu_flags(text), platform.machine())
-    log.info("CPU bf16 matrix products: %s", "fast (bf16 compute)" if fast else "not native (fp32 compute)")
+    if not has_fast_bf16(cpu_flags(text), platform.machine()):
+        log.info("CPU bf16 matrix products: not native (fp32 compute)")
+        return False
+    speedup = measured_bf16_speedup()
+    fast = speedup >= MIN_BF16_SPEEDUP
+    log.info(
+        "CPU bf16 matrix products: %.2fx fp32, measured (%s)",
+        speedup,
+        "bf16 compute" if fast else f"under {MIN_BF16_SPEEDUP}x: fp32 compute",
+    )
     return fast
 
 
