@@ -1,5 +1,6 @@
-"""On the real model, in the precision this CPU gets: the engine's behaviour log-probs and the
-trainer's recomputation agree (mean importance weight near 1 at lag 0), as the GRPO ratio needs."""
+"""On the real model, in the precision this CPU gets and in bf16: the engine's behaviour log-probs
+and the trainer's recomputation agree (mean importance weight near 1 at lag 0), as the GRPO ratio
+needs."""
 
 from __future__ import annotations
 
@@ -21,8 +22,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 TEMPERATURE = 0.8
 
 
-def test_bf16_engine_and_autocast_trainer_agree_on_smollm2() -> None:
-    spec = ModelSpec(name=str(smollm2_model_dir()))
+# bf16 on every CPU (a slow one too), and "auto" as well where it means fp32.
+SPEC_DTYPES = ["bfloat16"] + (["auto"] if compute_dtype("auto", "cpu") != torch.bfloat16 else [])
+
+
+@pytest.mark.parametrize("spec_dtype", SPEC_DTYPES)
+def test_engine_and_trainer_agree_on_smollm2(spec_dtype: str) -> None:
+    spec = ModelSpec(name=str(smollm2_model_dir()), dtype=spec_dtype)
     dtype = compute_dtype(spec.dtype, "cpu")
     engine = HFEngine.from_spec(spec, seed=0)
     assert next(engine.model.parameters()).dtype == dtype
