@@ -1,9 +1,8 @@
 """Which dtype the policy computes in: bf16 where the hardware multiplies it fast, else fp32.
 
-On a CPU with AVX512_BF16 or AMX, bf16 matrix products usually run twice as fast as fp32 or more
-(`docs/results/step_speed.md`); without them torch emulates bf16 and it is slower than fp32. The
-flags are not enough: a virtual machine can show AVX512_BF16 and still multiply bf16 slower than
-fp32 (an Intel Xeon whose AMX the hypervisor hides measured 0.6x, `docs/results/step_speed.md`).
+On a CPU with AVX512_BF16 or AMX, bf16 matrix products usually run several times faster than fp32;
+without them torch emulates bf16 and it is slower than fp32. The flags are not enough: a virtual
+machine can show AVX512_BF16 and still multiply bf16 slower than fp32 (`docs/results/step_speed.md`).
 So where the flags promise bf16, a fraction of a second of matrix products in both dtypes decides,
 once per process, and the choice is logged. `spec.model.dtype` set to anything but `auto` is taken
 as given, on any device.
@@ -50,7 +49,7 @@ def product_seconds(a: torch.Tensor, b: torch.Tensor, reps: int = 2) -> float:
 
 
 def measured_bf16_speedup(shape: tuple[int, int, int] = PROBE_SHAPE, rounds: int = 7) -> float:
-    """fp32 time / bf16 time of one product on one thread (about 0.2 s). The two dtypes alternate
+    """fp32 time / bf16 time of one product on one thread. The two dtypes alternate
     and each keeps its fastest round, so a neighbour's load (a trainer and a worker starting side
     by side) slows both alike instead of deciding the verdict."""
     m, k, n = shape
