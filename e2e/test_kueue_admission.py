@@ -145,6 +145,13 @@ def test_two_rljobs_on_an_8_gpu_queue_run_one_after_the_other(ops: Ops, queue: s
     ops.wait_phase(queue, "first", "Running", timeout=60)
     ops.apply(queue, gang_of_gpus("second", 8))
     ops.wait_phase(queue, "second", "Queued", timeout=60)
+    # The operator says "waiting for Kueue" at once; Kueue's own reason follows once its Workload has
+    # tried the quota, which on a slow machine can be a pass or two later.
+    wait_for(
+        lambda: "insufficient unused quota" in ops.condition(queue, "second", "TrainersReady").get("message", ""),
+        timeout=60,
+        what="Kueue's reason in TrainersReady",
+    )
     trainers = ops.condition(queue, "second", "TrainersReady")
     assert trainers["reason"] == "Queued", trainers
     assert "LocalQueue team" in trainers["message"] and "insufficient unused quota" in trainers["message"]
