@@ -88,10 +88,12 @@ if ! venv_complete; then
 fi
 if [[ "$(cat "$RLJOB_VENV/.rljob-deps" 2>/dev/null)" != "$deps_hash" ]]; then
   log "installing Python packages (torch, transformers, kopf, ...; minutes on a cold cache)"
-  "$RLJOB_VENV/bin/pip" install -q --upgrade pip uv
+  "$RLJOB_VENV/bin/pip" install -q --upgrade pip
   # uv fetches wheels in parallel (torch's CUDA wheels are gigabytes), several times faster than
-  # pip; without a cache, so the venv is the only copy on disk. pip remains the fallback.
-  if ! "$RLJOB_VENV/bin/uv" pip install --no-cache --python "$RLJOB_VENV/bin/python" -q -e "$repo[operator,workers,dev]"; then
+  # pip; without a cache, so the venv is the only copy on disk. pip remains the fallback, also
+  # where uv itself has no wheel for the platform.
+  if ! { "$RLJOB_VENV/bin/pip" install -q uv &&
+    "$RLJOB_VENV/bin/uv" pip install --no-cache --python "$RLJOB_VENV/bin/python" -q -e "$repo[operator,workers,dev]"; }; then
     log "uv could not install the packages (above): trying pip"
     "$RLJOB_VENV/bin/pip" install --progress-bar off -q -e "$repo[operator,workers,dev]"
   fi
