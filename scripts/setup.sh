@@ -94,7 +94,7 @@ if [[ "$(cat "$RLJOB_VENV/.rljob-deps" 2>/dev/null)" != "$deps_hash" ]]; then
   # where uv itself has no wheel for the platform.
   if ! { "$RLJOB_VENV/bin/pip" install -q uv &&
     "$RLJOB_VENV/bin/uv" pip install --no-cache --python "$RLJOB_VENV/bin/python" -q -e "$repo[operator,workers,dev]"; }; then
-    log "uv could not install the packages (above): trying pip"
+    log "uv could not be installed, or could not install the packages (above): trying pip"
     "$RLJOB_VENV/bin/pip" install --progress-bar off -q -e "$repo[operator,workers,dev]"
   fi
   echo "$deps_hash" > "$RLJOB_VENV/.rljob-deps"
