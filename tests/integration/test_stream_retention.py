@@ -198,6 +198,30 @@ def test_a_dead_worker_and_a_dead_trainer_lose_nothing(redis_client) -> None:
     assert redis_client.xlen(KEYS.trajectories) == 0
 
 
+def test_a_group_whose_delivery_reply_was_lost_is_read_back(redis_client) -> None:
+    """Redis killed between logging an XREADGROUP and answering it restarts with the entry pending
+    for the trainer, which never saw it: the step must still get its group, not wait forever."""
+    rollout.ensure_groups(redis_client, KEYS)
+    collector = TrajectoryCollector(redis_client, KEYS, block_ms=50, lost_check_s=0.2)
+    reqs = [_request("s0"), _request("s1")]
+    collector.expect(reqs)
+    enqueue_prompts(redis_client, KEYS.prompts, reqs)
+    first, second = rollout.read_new(redis_client, KEYS, "w", count=2, block_ms=0)
+    rollout.publish_group(redis_client, KEYS, first, _group(first.request))
+    with pytest.raises(TimeoutError):  # s0 is buffered; s1 is not published yet
+        collector.collect(0, ["s0", "s1"], timeout_s=0.5)
+    rollout.publish_group(redis_client, KEYS, second, _group(second.request))
+    # The lost reply: delivered to the trainer's consumer, read by nobody.
+    assert redis_client.xreadgroup(TRAINER_GROUP, collector.consumer, {KEYS.trajectories: ">"})
+    groups, entry_ids = collector.collect(0, ["s0", "s1"], timeout_s=10)
+    assert [g.request_id for g in groups] == ["s0", "s1"]
+    # Reading back our pending list did not acknowledge the group we already held.
+    assert redis_client.xpending(KEYS.trajectories, TRAINER_GROUP)["pending"] == 2
+    collector.ack(entry_ids, done=["s0", "s1"])
+    assert redis_client.xpending(KEYS.trajectories, TRAINER_GROUP)["pending"] == 0
+    assert redis_client.xlen(KEYS.trajectories) == 0
+
+
 def _answered_unparsably(redis_client) -> tuple[TrajectoryCollector, PromptRequest]:
     """A trainer expecting one request that a worker answered with a group it cannot parse, after
     its first collect (which re-enqueues the prompt and times out)."""

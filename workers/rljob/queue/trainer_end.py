@@ -9,6 +9,11 @@ Retention: every trajectory entry is deleted in the transaction that acknowledge
 results are deleted once read (the trainer is their only reader). The job's Redis runs with
 noeviction, so entries left behind would grow until every write fails.
 
+A delivery whose reply was lost is read again. Redis logs an XREADGROUP to its append-only file
+before it answers, so one killed in between comes back with the entry pending for this consumer,
+and '>' never returns it again: the step would wait forever for a group that sits in the stream.
+A wait that makes no progress for `lost_check_s` looks in its own pending list for such entries.
+
 A group the trainer cannot parse is dropped, but its request was answered (the worker put its id in
 the done set), so nobody would ever regenerate it. The collector notices, re-enqueues that prompt a
 bounded number of times, and then fails with `IncompatibleGroupError`: the usual cause is rollout
@@ -58,6 +63,7 @@ class TrajectoryCollector:
     consumer: str = "trainer-0"
     block_ms: int = 1000
     max_requeues: int = 1  # per request: one retry tells a one-off from a systematic failure
+    lost_check_s: float = 10.0  # a wait this long without a new group looks for lost deliveries
     expected: dict[str, PromptRequest] = field(default_factory=dict)  # request id -> its prompt
     buffer: dict[str, _Pending] = field(default_factory=dict)  # request id -> first copy received
     requeued: dict[str, int] = field(default_factory=dict)  # request id -> times re-enqueued
@@ -104,6 +110,8 @@ class TrajectoryCollector:
             self.ack([entry_id])
             return
         req = self.expected.get(group.request_id)
+        if group.request_id in self.buffer and self.buffer[group.request_id].entry_id == entry_id:
+            return  # the very entry we hold, read back from our pending list
         if group.request_id in self.buffer:
             self.ack([entry_id])  # a duplicate of a request in flight, whose id stays done
             return
@@ -122,6 +130,26 @@ class TrajectoryCollector:
                 self._accept(entry_id, fields, current_step)
             if not entries and self._backlog_cursor is None:
                 return
+
+    def _reread_lost_deliveries(self, current_step: int) -> None:
+        """Accept entries delivered to us whose reply never arrived (see the module docstring).
+
+        Our pending list holds the buffered groups and nothing else but such lost deliveries:
+        every other entry is acknowledged as soon as it is read."""
+        buffered = {p.entry_id for p in self.buffer.values()}
+        stream = self.keys.trajectories
+        pending = self.client.xpending_range(
+            stream, TRAINER_GROUP, "-", "+", count=len(buffered) + 256, consumername=self.consumer
+        )
+        lost = [entry_id for p in pending if (entry_id := text(p["message_id"])) not in buffered]
+        if lost:
+            log.warning("reading back %d trajectory groups whose delivery was lost (Redis restarted?)", len(lost))
+        for entry_id in lost:
+            rows = self.client.xrange(stream, entry_id, entry_id)
+            if rows:
+                self._accept(entry_id, rows[0][1], current_step)
+            else:
+                self.ack([entry_id])  # deleted meanwhile: only its pending record is left
 
     def _recover_dropped(self, current_step: int) -> None:
         """Re-enqueue requests a worker answered whose group we dropped as unparsable.
@@ -158,14 +186,21 @@ class TrajectoryCollector:
     ) -> tuple[list[TrajectoryGroup], list[str]]:
         """Block until every request of `step` has a group; returns them in request order, plus
         the stream entry ids to acknowledge once the step is published."""
-        started = last_report = time.monotonic()
+        started = last_report = last_progress = time.monotonic()
         wanted = list(request_ids)
+        arrived = -1
         while True:
             if self._dropped is not None:
                 self._recover_dropped(step)
             missing = [r for r in wanted if r not in self.buffer]
             if not missing:
                 break
+            if len(wanted) - len(missing) != arrived:
+                arrived, last_progress = len(wanted) - len(missing), time.monotonic()
+            elif time.monotonic() - last_progress >= self.lost_check_s:
+                last_progress = time.monotonic()
+                self._reread_lost_deliveries(step)
+                continue
             if time.monotonic() - last_report >= 15:
                 last_report = time.monotonic()
                 log.info(
