@@ -13,7 +13,7 @@ import pytest
 from rljob.keys import ROLLOUT_GROUP, TRAINER_GROUP, JobKeys
 from rljob.protocol import PromptRequest, Trajectory, TrajectoryGroup
 from rljob.queue import worker_end as rollout
-from rljob.queue.trainer_end import TrajectoryCollector, enqueue_prompts
+from rljob.queue.trainer_end import TrajectoryCollector, enqueue_prompts, eval_round
 from rljob.redis_client import connect
 
 pytestmark = pytest.mark.integration
@@ -96,6 +96,22 @@ def test_rounds_finish_and_nothing_is_lost_while_redis_is_killed_again_and_again
             groups, entry_ids = collector.collect(step, [r.request_id for r in reqs], timeout_s=90)
             assert [g.request_id for g in groups] == [r.request_id for r in reqs]
             collector.ack(entry_ids, done=[r.request_id for r in reqs])
+            if step % 5 == 0:  # an evaluation round: results read by XREAD, not by a group
+                evals = [
+                    PromptRequest(
+                        request_id=f"eval-{step}-{i}",
+                        step=-1,
+                        question_id=f"d{i}",
+                        question="who?",
+                        answers=["a"],
+                        group_size=1,
+                        greedy=True,
+                    )
+                    for i in range(2)
+                ]
+                assert [g.request_id for g in eval_round(client, KEYS, evals, timeout_s=90, block_ms=50)] == [
+                    r.request_id for r in evals
+                ]
     finally:
         stop.set()
         killer.join(timeout=30)
