@@ -84,16 +84,23 @@ def main() -> None:
         direct_groups += generate_groups(engine, retriever, requests, direct)
         m = _metrics(groups)
         elapsed = time.perf_counter() - started
-        progress(f"{len(groups)}/{len(dev)} questions, {elapsed:.0f}s: EM {m['exact_match']:.3f} F1 {m['f1']:.3f} "
-                 f"format {m['format_rate']:.2f} searches/q {m['searches_per_question']:.2f}")  # fmt: skip
+        progress(
+            f"{len(groups)}/{len(dev)} questions, {elapsed:.0f}s: EM {m['exact_match']:.3f} F1 {m['f1']:.3f} "
+            f"format {m['format_rate']:.2f} searches/q {m['searches_per_question']:.2f}"
+        )
     seconds = time.perf_counter() - started
     protocol, no_search = _metrics(groups), _metrics(direct_groups)
     summary = {
-        "benchmark": "baseline", "quick": args.quick, "model": "SmolLM2-135M-Instruct",
+        "benchmark": "baseline",
+        "quick": args.quick,
+        "model": "SmolLM2-135M-Instruct",
         "device": "cpu",
-        "threads": args.threads, "seconds": seconds, "agent": spec.model_dump(),
-        "search_protocol": protocol, "direct_answer": no_search,
-    }  # fmt: skip
+        "threads": args.threads,
+        "seconds": seconds,
+        "agent": spec.model_dump(),
+        "search_protocol": protocol,
+        "direct_answer": no_search,
+    }
     progress(f"{'':26}{'protocol':>10}{'direct':>10}")
     for key in ("exact_match", "f1", "format_rate", "searches_per_question", "turns_per_question"):
         progress(f"{key:26}{protocol[key]:10.3f}{no_search[key]:10.3f}")

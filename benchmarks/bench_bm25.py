@@ -41,8 +41,10 @@ def main() -> None:
     started = time.perf_counter()
     ref = BM25Okapi(docs)
     ref_build_s = time.perf_counter() - started
-    progress(f"corpus {len(corpus)} passages; tokenise {tokenize_s:.2f}s, build ours {build_s:.2f}s, "
-             f"rank-bm25 {ref_build_s:.2f}s")  # fmt: skip
+    progress(
+        f"corpus {len(corpus)} passages; tokenise {tokenize_s:.2f}s, build ours {build_s:.2f}s, "
+        f"rank-bm25 {ref_build_s:.2f}s"
+    )
 
     queries = [tokenize(q.question) for q in dev]
     best_ours = float("inf")
@@ -66,12 +68,19 @@ def main() -> None:
             progress(f"rank-bm25: {i + 1}/{n_ref} queries")
     ref_per_query = ref_seconds / n_ref
     summary = {
-        "benchmark": "bm25", "quick": args.quick, "passages": len(corpus), "k": args.k,
-        "queries_compared": n_ref, "topk_agreement": agree / n_ref,
-        "ours_ms_per_query": ours_per_query * 1e3, "rank_bm25_ms_per_query": ref_per_query * 1e3,
-        "speedup": ref_per_query / ours_per_query, "ours_build_s": build_s, "rank_bm25_build_s": ref_build_s,
+        "benchmark": "bm25",
+        "quick": args.quick,
+        "passages": len(corpus),
+        "k": args.k,
+        "queries_compared": n_ref,
+        "topk_agreement": agree / n_ref,
+        "ours_ms_per_query": ours_per_query * 1e3,
+        "rank_bm25_ms_per_query": ref_per_query * 1e3,
+        "speedup": ref_per_query / ours_per_query,
+        "ours_build_s": build_s,
+        "rank_bm25_build_s": ref_build_s,
         "tokenise_s": tokenize_s,
-    }  # fmt: skip
+    }
     progress(f"{'':14}{'ours':>12}{'rank-bm25':>12}{'ratio':>10}")
     progress(f"{'ms/query':14}{ours_per_query * 1e3:12.3f}{ref_per_query * 1e3:12.2f}{summary['speedup']:10.1f}")
     progress(f"{'build s':14}{build_s:12.2f}{ref_build_s:12.2f}{ref_build_s / build_s:10.1f}")

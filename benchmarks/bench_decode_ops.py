@@ -44,12 +44,21 @@ def main() -> None:
     logp = torch.log_softmax(torch.randn(64, 49_152, generator=gen), dim=-1)
     multinomial = _ms(lambda: torch.multinomial(logp.exp(), 1, generator=gen), reps)
     cdf = _ms(lambda: draw_from(logp, gen), reps)
-    progress(f"sampling 64 x 49,152: torch.multinomial {multinomial:.2f} ms, CDF inversion {cdf:.2f} ms: "
-             f"x{multinomial / cdf:.2f}")  # fmt: skip
-    finish("decode_ops_quick" if args.quick else "decode_ops", {
-        "scores_strided_ms": strided, "scores_whole_buffer_ms": whole, "scores_speedup": strided / whole,
-        "multinomial_ms": multinomial, "cdf_inversion_ms": cdf, "sampling_speedup": multinomial / cdf,
-    })  # fmt: skip
+    progress(
+        f"sampling 64 x 49,152: torch.multinomial {multinomial:.2f} ms, CDF inversion {cdf:.2f} ms: "
+        f"x{multinomial / cdf:.2f}"
+    )
+    finish(
+        "decode_ops_quick" if args.quick else "decode_ops",
+        {
+            "scores_strided_ms": strided,
+            "scores_whole_buffer_ms": whole,
+            "scores_speedup": strided / whole,
+            "multinomial_ms": multinomial,
+            "cdf_inversion_ms": cdf,
+            "sampling_speedup": multinomial / cdf,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -67,21 +67,30 @@ def main() -> None:
     fresh_s, fresh_tokens, _ = _timed(engine, second, tokens)  # the same contexts, prefilled whole
     progress(f"turn 2 fresh prefill: {fresh_tokens / fresh_s:.1f} tok/s; reuse: {reuse_tokens / reuse_s:.1f} tok/s")
     summary = {
-        "benchmark": "engine_hf", "quick": args.quick, "model": "SmolLM2-135M-Instruct", "device": "cpu",
+        "benchmark": "engine_hf",
+        "quick": args.quick,
+        "model": "SmolLM2-135M-Instruct",
+        "device": "cpu",
         "threads": args.threads,
-        "batch": batch, "new_tokens": tokens, "prompt_tokens_mean": sum(map(len, contexts)) / batch,
+        "batch": batch,
+        "new_tokens": tokens,
+        "prompt_tokens_mean": sum(map(len, contexts)) / batch,
         "sequential_tokens_per_s": sequential_tokens / sequential_s,
         "batched_tokens_per_s": batched_tokens / batched_s,
         "batched_speedup": (batched_tokens / batched_s) / (sequential_tokens / sequential_s),
         "turn2_fresh_prefill_tokens_per_s": fresh_tokens / fresh_s,
         "turn2_cache_reuse_tokens_per_s": reuse_tokens / reuse_s,
         "turn2_reuse_speedup": (reuse_tokens / reuse_s) / (fresh_tokens / fresh_s),
-    }  # fmt: skip
+    }
     progress(f"{'tok/s':24}{'sequential':>12}{'batched':>12}{'ratio':>8}")
-    progress(f"{'turn 1':24}{summary['sequential_tokens_per_s']:12.1f}{summary['batched_tokens_per_s']:12.1f}"
-             f"{summary['batched_speedup']:8.2f}")  # fmt: skip
-    progress(f"{'turn 2 (fresh vs reuse)':24}{summary['turn2_fresh_prefill_tokens_per_s']:12.1f}"
-             f"{summary['turn2_cache_reuse_tokens_per_s']:12.1f}{summary['turn2_reuse_speedup']:8.2f}")  # fmt: skip
+    progress(
+        f"{'turn 1':24}{summary['sequential_tokens_per_s']:12.1f}{summary['batched_tokens_per_s']:12.1f}"
+        f"{summary['batched_speedup']:8.2f}"
+    )
+    progress(
+        f"{'turn 2 (fresh vs reuse)':24}{summary['turn2_fresh_prefill_tokens_per_s']:12.1f}"
+        f"{summary['turn2_cache_reuse_tokens_per_s']:12.1f}{summary['turn2_reuse_speedup']:8.2f}"
+    )
     _plot(summary)
     finish("engine_quick" if args.quick else "engine", summary)
 
@@ -94,8 +103,12 @@ def _plot(summary: dict) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 3))
     labels = ["one at a time", f"batched x{summary['batch']}", "turn 2 fresh", "turn 2 cache reuse"]
-    values = [summary["sequential_tokens_per_s"], summary["batched_tokens_per_s"],
-              summary["turn2_fresh_prefill_tokens_per_s"], summary["turn2_cache_reuse_tokens_per_s"]]  # fmt: skip
+    values = [
+        summary["sequential_tokens_per_s"],
+        summary["batched_tokens_per_s"],
+        summary["turn2_fresh_prefill_tokens_per_s"],
+        summary["turn2_cache_reuse_tokens_per_s"],
+    ]
     ax.bar(labels, values, color=["#999", "#37c", "#999", "#37c"])
     ax.set_ylabel("generated tokens / s")
     ax.set_title(f"HF engine, SmolLM2-135M, CPU x{summary['threads']} threads")

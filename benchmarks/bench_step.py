@@ -44,9 +44,16 @@ from _common import RESULTS, finish, progress
 REPO = Path(__file__).resolve().parents[1]
 BASE = "840733f"  # the last commit before issue 21's changes
 AGENT = {
-    "maxTurns": 3, "topK": 2, "maxNewTokensPerTurn": 64, "maxTotalTokens": 768, "passageMaxWords": 30,
-    "temperature": 0.8, "reward": "f1", "formatReward": 0.1, "searchReward": 0.0,
-}  # fmt: skip
+    "maxTurns": 3,
+    "topK": 2,
+    "maxNewTokensPerTurn": 64,
+    "maxTotalTokens": 768,
+    "passageMaxWords": 30,
+    "temperature": 0.8,
+    "reward": "f1",
+    "formatReward": 0.1,
+    "searchReward": 0.0,
+}
 QUICK_AGENT = {**AGENT, "maxTurns": 1, "maxNewTokensPerTurn": 8}
 
 
@@ -141,8 +148,14 @@ def phase_train(args) -> dict:
     seconds = time.perf_counter() - started
     tokens = sum(len(t.token_ids) for g in groups for t in g.trajectories)
     autocast = str(kwargs.get("compute_dtype", "none"))
-    return {"seconds": seconds, "tokens": tokens, "loss_tokens": stats.tokens, "tokens_per_s": tokens / seconds,
-            "importance_weight": stats.importance_weight, "autocast": autocast}  # fmt: skip
+    return {
+        "seconds": seconds,
+        "tokens": tokens,
+        "loss_tokens": stats.tokens,
+        "tokens_per_s": tokens / seconds,
+        "importance_weight": stats.importance_weight,
+        "autocast": autocast,
+    }
 
 
 def phase_generate(args) -> dict:
@@ -173,12 +186,25 @@ def phase_generate(args) -> dict:
     with torch.inference_mode():
         model.generate(input_ids=ids[:2], attention_mask=mask[:2], max_new_tokens=2, do_sample=True)  # warm-up
         started = time.perf_counter()
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=budget, min_new_tokens=budget,
-                             do_sample=True, temperature=AGENT["temperature"], top_p=1.0, top_k=0)  # fmt: skip
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=budget,
+            min_new_tokens=budget,
+            do_sample=True,
+            temperature=AGENT["temperature"],
+            top_p=1.0,
+            top_k=0,
+        )
         hf_s = time.perf_counter() - started
     hf = int((out.shape[1] - width) * len(contexts))
-    return {"engine_tokens_per_s": ours / ours_s, "generate_tokens_per_s": hf / hf_s,
-            "engine_seconds": ours_s, "generate_seconds": hf_s, "rows": len(contexts)}  # fmt: skip
+    return {
+        "engine_tokens_per_s": ours / ours_s,
+        "generate_tokens_per_s": hf / hf_s,
+        "engine_seconds": ours_s,
+        "generate_seconds": hf_s,
+        "rows": len(contexts),
+    }
 
 
 def phase_roofline(args) -> dict:
@@ -213,8 +239,9 @@ def phase_roofline(args) -> dict:
 
 
 def phase_main(args) -> None:
-    phase = {"rollout": phase_rollout, "train": phase_train, "generate": phase_generate,
-             "roofline": phase_roofline}[args.phase]  # fmt: skip
+    phase = {"rollout": phase_rollout, "train": phase_train, "generate": phase_generate, "roofline": phase_roofline}[
+        args.phase
+    ]
     result = phase(args)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(result), flush=True)
@@ -225,8 +252,19 @@ def run_phase(tree: Path, phase: str, threads: int, args, extra: list[str] = (),
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree / "workers"), str(tree / "operator")]))
     if data_dir is not None:
         env["RLJOB_DATA_DIR"] = str(data_dir)
-    command = [sys.executable, str(Path(__file__).resolve()), "--phase", phase, "--threads", str(threads),
-               "--questions", str(args.questions), "--group-size", str(args.group_size), *extra]  # fmt: skip
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--phase",
+        phase,
+        "--threads",
+        str(threads),
+        "--questions",
+        str(args.questions),
+        "--group-size",
+        str(args.group_size),
+        *extra,
+    ]
     if args.quick:
         command.append("--quick")
     done = subprocess.run(command, cwd=tree, env=env, check=True, capture_output=True, text=True)
@@ -253,8 +291,13 @@ def step_seconds(lag: int, args, scratch: Path) -> dict:
     # A short warm-up, so the untrained model follows the protocol and its groups carry signal:
     # steps of all-equal rewards train on nothing and would time only the rollouts.
     spec["warmup"].update(enabled=args.step_warmup > 0, examples=max(args.step_warmup, 1), batchSize=4)
-    spec["grpo"].update(questionsPerStep=args.questions, groupSize=args.group_size, totalSteps=args.steps,
-                        maxPolicyLag=lag, microBatchSize=4)  # fmt: skip
+    spec["grpo"].update(
+        questionsPerStep=args.questions,
+        groupSize=args.group_size,
+        totalSteps=args.steps,
+        maxPolicyLag=lag,
+        microBatchSize=4,
+    )
     spec["rollout"]["batchSize"] = args.questions
     spec["eval"] = {"interval": 0, "questions": 1}
     spec["agent"]["reward"] = "f1"
@@ -263,8 +306,9 @@ def step_seconds(lag: int, args, scratch: Path) -> dict:
     results = scratch / f"lag{lag}"
     rljob = shutil.which("rljob") or str(Path(sys.executable).parent / "rljob")
     started = time.perf_counter()
-    run = subprocess.run([rljob, "run", str(path), "--local", "--results", str(results)], cwd=REPO,
-                         capture_output=True, text=True)  # fmt: skip
+    run = subprocess.run(
+        [rljob, "run", str(path), "--local", "--results", str(results)], cwd=REPO, capture_output=True, text=True
+    )
     wall = time.perf_counter() - started
     if run.returncode != 0:
         raise RuntimeError(f"rljob run failed:\n{run.stderr[-3000:]}")
@@ -273,10 +317,16 @@ def step_seconds(lag: int, args, scratch: Path) -> dict:
     steady = rows[1:] or rows  # the first step also waits for the workers to load
     trained = sum(bool(r.get("train_updated")) for r in steady)
     per_step = statistics.median(r["step_seconds"] for r in steady)
-    return {"lag": lag, "steps": len(rows), "step_seconds": per_step, "wall_seconds": wall,
-            "rollout_wait_s": statistics.median(r.get("wait_seconds", 0.0) for r in steady),
-            "train_s": statistics.median(r.get("train_seconds", 0.0) for r in steady),
-            "steps_that_trained": trained, "steady_steps": len(steady)}  # fmt: skip
+    return {
+        "lag": lag,
+        "steps": len(rows),
+        "step_seconds": per_step,
+        "wall_seconds": wall,
+        "rollout_wait_s": statistics.median(r.get("wait_seconds", 0.0) for r in steady),
+        "train_s": statistics.median(r.get("train_seconds", 0.0) for r in steady),
+        "steps_that_trained": trained,
+        "steady_steps": len(steady),
+    }
 
 
 def plot(summary: dict, path: Path) -> None:
@@ -340,8 +390,14 @@ def main() -> None:
         summary["step_seconds_lag1"] = summary["step_lag1"]["step_seconds"]
         plot(summary, out.with_suffix(".png"))
         return finish(out.name, summary, out.parent)
-    summary: dict = {"questions": args.questions, "group_size": args.group_size, "threads": threads_list,
-                     "base_revision": args.base, "head": {}, "base": {}}  # fmt: skip
+    summary: dict = {
+        "questions": args.questions,
+        "group_size": args.group_size,
+        "threads": threads_list,
+        "base_revision": args.base,
+        "head": {},
+        "base": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         groups = scratch / "groups.json"
@@ -356,8 +412,9 @@ def main() -> None:
                 progress(f"  {summary['head'][f'{phase}_{threads}']}")
         if args.base:
             tree = scratch / "base"
-            subprocess.run(["git", "worktree", "add", "--detach", str(tree), args.base], cwd=REPO, check=True,
-                           capture_output=True)  # fmt: skip
+            subprocess.run(
+                ["git", "worktree", "add", "--detach", str(tree), args.base], cwd=REPO, check=True, capture_output=True
+            )
             try:
                 data = plain_sample(Path(tempfile.mkdtemp(dir=scratch)))
                 for threads in threads_list:
@@ -398,8 +455,9 @@ def main() -> None:
         summary["step_seconds_lag0"] = summary["step_lag0"]["step_seconds"]
         summary["step_seconds_lag1"] = summary["step_lag1"]["step_seconds"]
     summary["peak_rss_mb"] = {
-        "rollout_worker": head[f"rollout_{best}"]["peak_rss_mb"], "trainer": head[f"train_{best}"]["peak_rss_mb"]
-    }  # fmt: skip
+        "rollout_worker": head[f"rollout_{best}"]["peak_rss_mb"],
+        "trainer": head[f"train_{best}"]["peak_rss_mb"],
+    }
     plot(summary, out.with_suffix(".png"))
     finish(out.name, summary, out.parent)
 

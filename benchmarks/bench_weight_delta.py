@@ -75,9 +75,18 @@ def log(message: str) -> None:
 # SmolLM2-135M-Instruct's architecture (from its config.json), for `--weights random`: the same 272
 # tensors and 134.5M values with a seeded random init, where the model file cannot be had (a GPU
 # machine that reaches nothing and takes 64 MiB of files along).
-SMOLLM2_SHAPE = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
-                 "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "max_position_embeddings": 8192,
-                 "rms_norm_eps": 1e-5, "tie_word_embeddings": True}  # fmt: skip
+SMOLLM2_SHAPE = {
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "vocab_size": 49152,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+}
 MODELS = {
     "smollm2": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantised, fp32 masters)",
     "random": "SmolLM2-135M-Instruct's shapes, random init (transformers' Llama init, seed 0), fp32 masters",
@@ -137,8 +146,9 @@ def as_tensors(bits: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]]) 
 
 def as_fp32(bits: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
     """fp32 tensors holding the bf16 values exactly (what a trainer's masters round to)."""
-    return {n: torch.from_numpy(b.astype(np.uint32) << 16).view(torch.float32).reshape(shapes[n])
-            for n, b in bits.items()}  # fmt: skip
+    return {
+        n: torch.from_numpy(b.astype(np.uint32) << 16).view(torch.float32).reshape(shapes[n]) for n, b in bits.items()
+    }
 
 
 class Readers:
@@ -205,23 +215,40 @@ def measure_full(client, named: dict[str, torch.Tensor], readers: int, shadows, 
     for _ in range(tries):
         keys = JobKeys("bench", f"full-{readers}-{time.monotonic_ns()}")
         publisher = WeightPublisher(
-            client, keys, rebase_interval=1, rebase_fraction=1.0, chunk_bytes=CHUNK_BYTES, mode="full",
+            client,
+            keys,
+            rebase_interval=1,
+            rebase_fraction=1.0,
+            chunk_bytes=CHUNK_BYTES,
+            mode="full",
             threads=WEIGHT_THREADS,
-        )  # fmt: skip
+        )
         started, cpu = time.perf_counter(), time.process_time()
         result = publisher.publish(named)
         publish_seconds, publish_cpu = time.perf_counter() - started, time.process_time() - cpu
         sync_seconds, _, sync_cpu = Readers(client, keys, shadows[:readers]).sync()
         store.drop_versions(client, keys, store.committed_versions(client, keys))
-        run = {"publish_s": publish_seconds, "sync_s": sync_seconds, "latency_s": publish_seconds + sync_seconds,
-               "cpu_s": publish_cpu + sync_cpu, "bytes": result.bytes}  # fmt: skip
+        run = {
+            "publish_s": publish_seconds,
+            "sync_s": sync_seconds,
+            "latency_s": publish_seconds + sync_seconds,
+            "cpu_s": publish_cpu + sync_cpu,
+            "bytes": result.bytes,
+        }
         if not best or run["latency_s"] < best["latency_s"]:
             best = run
     return best
 
 
-def record(kind: str, label: str, m: dict, numel: int, full_bytes: int, full: dict[int, dict[str, float]] | None,
-           tries: list[dict]) -> dict:  # fmt: skip
+def record(
+    kind: str,
+    label: str,
+    m: dict,
+    numel: int,
+    full_bytes: int,
+    full: dict[int, dict[str, float]] | None,
+    tries: list[dict],
+) -> dict:
     """One row: sizes from the version `m`, latencies the best over `tries` (versions of this row)."""
     result = m["result"]
     model_bytes = numel * 2
@@ -268,18 +295,25 @@ def record(kind: str, label: str, m: dict, numel: int, full_bytes: int, full: di
         "clean_syncs": all(t["clean"] for t in tries),  # no reader recovered or fell back to a full
     }
     full4 = f" / {full[4]['latency_s']:.3f}s" if full and 4 in full else ""
-    log(f"  {label}: changed {row['changed_fraction'] * 100:.3f}%  {row['bytes_per_changed_value']:.2f} B/change  "
+    log(
+        f"  {label}: changed {row['changed_fraction'] * 100:.3f}%  {row['bytes_per_changed_value']:.2f} B/change  "
         f"delta {row['delta_pct_of_full']:.2f}% of full (plain {row['plain_pct_of_full']:.2f}%)  "
         f"encode {row['encode_gbps']:.2f} GB/s  decode+apply {row['decode_apply_gbps']:.2f} GB/s "
         f"(cpu {row['decode_apply_cpu_gbps']:.2f})  "
         f"latency 1r {lat1:.3f}s 4r {lat4 or 0:.3f}s"
-        + (f" (full {full[1]['latency_s']:.3f}s{full4}; x{row['speedup_1_reader']:.1f}, "
-           f"cpu x{row['cpu_speedup_1_reader']:.1f})" if full else ""))  # fmt: skip
+        + (
+            f" (full {full[1]['latency_s']:.3f}s{full4}; x{row['speedup_1_reader']:.1f}, "
+            f"cpu x{row['cpu_speedup_1_reader']:.1f})"
+            if full
+            else ""
+        )
+    )
     return row
 
 
-def publish_and_sync(publisher, named, one: Readers, four: Readers | None, keys, client, base,
-                     truth: dict[str, np.ndarray]) -> dict:  # fmt: skip
+def publish_and_sync(
+    publisher, named, one: Readers, four: Readers | None, keys, client, base, truth: dict[str, np.ndarray]
+) -> dict:
     """Publish one version, sync every reader, time it; then check every reader against `truth`
     (the trainer's values cast to bf16, or the sweep's bits). A reader that applied the delta
     wrongly would still end right by refetching a full (its change sum catches it), so "clean"
@@ -297,9 +331,20 @@ def publish_and_sync(publisher, named, one: Readers, four: Readers | None, keys,
     readers = one.shadows + (four.shadows if four else [])
     lossless = all(np.array_equal(bf16_bits(s[n], exact=True), truth[n]) for s in readers for n in truth)
     dec, dec_cpu, ver, dec_all = decode_apply_seconds(client, keys, result.version, base)
-    return {"result": result, "pub_s": pub_s, "lat1": pub_s + sync1, "lat4": pub_s + sync4 if sync4 else None,
-            "dec": dec, "dec_cpu": dec_cpu, "dec_all": dec_all, "ver": ver, "sync1": sync1,
-            "cpu1": pub_cpu + sync1_cpu, "lossless": lossless, "clean": clean}  # fmt: skip
+    return {
+        "result": result,
+        "pub_s": pub_s,
+        "lat1": pub_s + sync1,
+        "lat4": pub_s + sync4 if sync4 else None,
+        "dec": dec,
+        "dec_cpu": dec_cpu,
+        "dec_all": dec_all,
+        "ver": ver,
+        "sync1": sync1,
+        "cpu1": pub_cpu + sync1_cpu,
+        "lossless": lossless,
+        "clean": clean,
+    }
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -316,20 +361,39 @@ def plot(rows: list[dict], path: Path) -> None:
     ax1.plot(x, [r["plain_pct_of_full"] for r in synth], "s--", label="plain int32 pos + bf16 (6 B/change)")
     ax1.axhline(100, color="grey", lw=1, label="full bf16 export")
     if real:
-        ax1.plot([r["changed_fraction"] * 100 for r in real], [r["delta_pct_of_full"] for r in real], "r*", ms=11,
-                 label="AdamW lr 1e-6 steps")  # fmt: skip
-    ax1.set(xscale="log", yscale="log", xlabel="changed values (%)", ylabel="size (% of full bf16)",
-            title="Delta size vs change density")  # fmt: skip
+        ax1.plot(
+            [r["changed_fraction"] * 100 for r in real],
+            [r["delta_pct_of_full"] for r in real],
+            "r*",
+            ms=11,
+            label="AdamW lr 1e-6 steps",
+        )
+    ax1.set(
+        xscale="log",
+        yscale="log",
+        xlabel="changed values (%)",
+        ylabel="size (% of full bf16)",
+        title="Delta size vs change density",
+    )
     ax1.legend(fontsize=8)
     ax2.plot(x, [r["latency_1_reader_s"] for r in synth], "o-", label="delta, 1 reader")
     ax2.plot(x, [r["latency_4_readers_s"] for r in synth], "o-", label="delta, 4 readers")
     ax2.plot(x, [r["full_latency_1_reader_s"] for r in synth], "s--", label="full sync, 1 reader")
     ax2.plot(x, [r["full_latency_4_readers_s"] for r in synth], "s--", label="full sync, 4 readers")
     if real:
-        ax2.plot([r["changed_fraction"] * 100 for r in real], [r["latency_1_reader_s"] for r in real], "r*", ms=11,
-                 label="AdamW steps, 1 reader")  # fmt: skip
-    ax2.set(xscale="log", xlabel="changed values (%)", ylabel="publish-to-applied (s)",
-            title="Latency on loopback (2 shared CPU cores)")  # fmt: skip
+        ax2.plot(
+            [r["changed_fraction"] * 100 for r in real],
+            [r["latency_1_reader_s"] for r in real],
+            "r*",
+            ms=11,
+            label="AdamW steps, 1 reader",
+        )
+    ax2.set(
+        xscale="log",
+        xlabel="changed values (%)",
+        ylabel="publish-to-applied (s)",
+        title="Latency on loopback (2 shared CPU cores)",
+    )
     ax2.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -341,20 +405,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps (full mode)")
     parser.add_argument("--reps", type=int, default=2, help="versions per sweep density (best latency kept)")
     parser.add_argument("--decode-tries", type=int, default=3, help="decode+apply runs per version (best kept)")
-    parser.add_argument("--out", default=None,
-                        help="path stem for .json and .png (default docs/results/weight_delta; with --quick "
-                             "weight_delta_quick there, so a quick run never replaces the full results)")  # fmt: skip
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="path stem for .json and .png (default docs/results/weight_delta; with --quick "
+        "weight_delta_quick there, so a quick run never replaces the full results)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--weight-threads", type=int, default=default_threads(),
-                        help="threads of each publisher and reader (default: the usable cores)")  # fmt: skip
-    parser.add_argument("--device", default="cpu",
-                        help="where the trainer's masters and the readers' shadows live (e.g. cuda: the publisher "
-                             "then finds changes on the GPU and readers apply on it)")  # fmt: skip
-    parser.add_argument("--weights", choices=sorted(MODELS), default="smollm2",
-                        help="smollm2: the real model (cached here); random: its shapes with a seeded random init, "
-                             "for machines without the model file")  # fmt: skip
-    parser.add_argument("--source", choices=["fp32", "bf16"], default="fp32",
-                        help="what the sweep publishes from: fp32 masters (a trainer) or bf16 tensors")  # fmt: skip
+    parser.add_argument(
+        "--weight-threads",
+        type=int,
+        default=default_threads(),
+        help="threads of each publisher and reader (default: the usable cores)",
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="where the trainer's masters and the readers' shadows live (e.g. cuda: the publisher "
+        "then finds changes on the GPU and readers apply on it)",
+    )
+    parser.add_argument(
+        "--weights",
+        choices=sorted(MODELS),
+        default="smollm2",
+        help="smollm2: the real model (cached here); random: its shapes with a seeded random init, "
+        "for machines without the model file",
+    )
+    parser.add_argument(
+        "--source",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="what the sweep publishes from: fp32 masters (a trainer) or bf16 tensors",
+    )
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -390,11 +472,15 @@ def main(argv: list[str] | None = None) -> int:
         full = None
         if not args.quick:
             log("baseline (a): full safetensors sync through the same store ...")
-            full = {1: measure_full(client, named, 1, shadows, tries=2),
-                    4: measure_full(client, named, 4, shadows, tries=2)}  # fmt: skip
+            full = {
+                1: measure_full(client, named, 1, shadows, tries=2),
+                4: measure_full(client, named, 4, shadows, tries=2),
+            }
             for n, f in full.items():
-                log(f"  full, {n} reader(s): publish {f['publish_s']:.2f}s, sync {f['sync_s']:.2f}s, "
-                    f"{f['bytes'] / 1e6:.0f} MB")  # fmt: skip
+                log(
+                    f"  full, {n} reader(s): publish {f['publish_s']:.2f}s, sync {f['sync_s']:.2f}s, "
+                    f"{f['bytes'] / 1e6:.0f} MB"
+                )
         rows: list[dict] = []
         full_bytes = None
 
@@ -438,8 +524,10 @@ def main(argv: list[str] | None = None) -> int:
         shapes = {n: tuple(named[n].shape) for n in sweep_names}
         bits = {n: bf16_bits(named[n]).copy() for n in sweep_names}
         sweep_numel = sum(b.size for b in bits.values())
-        log(f"synthetic sweep on {len(sweep_names)} tensors ({sweep_numel / 1e6:.1f}M values), "
-            f"{reps} version(s) per density")  # fmt: skip
+        log(
+            f"synthetic sweep on {len(sweep_names)} tensors ({sweep_numel / 1e6:.1f}M values), "
+            f"{reps} version(s) per density"
+        )
         skeys = JobKeys("bench", "sweep")
         sub_shadows = [{n: s[n] for n in sweep_names} for s in shadows]
         while len(sub_shadows) < 5:  # --quick: extra readers only for the slice
@@ -454,8 +542,10 @@ def main(argv: list[str] | None = None) -> int:
         sfour.sync()
         sub_full = full
         if args.quick:
-            sub_full = {1: measure_full(client, as_source(bits, shapes), 1, sub_shadows, tries=2),
-                        4: measure_full(client, as_source(bits, shapes), 4, sub_shadows, tries=2)}  # fmt: skip
+            sub_full = {
+                1: measure_full(client, as_source(bits, shapes), 1, sub_shadows, tries=2),
+                4: measure_full(client, as_source(bits, shapes), 4, sub_shadows, tries=2),
+            }
         rng = np.random.default_rng(0)
         for density in DENSITIES:
             tries = []

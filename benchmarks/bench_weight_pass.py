@@ -50,8 +50,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--results", default=None, help="folder for weight_pass.json (default docs/results)")
-    parser.add_argument("--weights", choices=sorted(bench_weight_delta.MODELS), default="smollm2",
-                        help="the real model, or its shapes with a random init (as bench_weight_delta.py)")  # fmt: skip
+    parser.add_argument(
+        "--weights",
+        choices=sorted(bench_weight_delta.MODELS),
+        default="smollm2",
+        help="the real model, or its shapes with a random init (as bench_weight_delta.py)",
+    )
     args = parser.parse_args()
     bench_weight_delta.WEIGHTS = args.weights
     default_threads = torch.get_num_threads()
@@ -63,10 +67,16 @@ def main() -> None:
     order = sorted(source, key=lambda name: -source[name].numel())
     # A real publisher, used only for its cast-and-find helpers: it never talks to Redis here
     # (redis-py connects on first use).
-    pub = publisher.WeightPublisher(redis.Redis(), JobKeys("bench", "pass"), rebase_interval=1, rebase_fraction=1.0,
-                                    chunk_bytes=1 << 20, threads=1)  # fmt: skip
-    summary: dict = {"numel": sum(b.size for b in bits.values()), "density": 0.01, "reps": args.reps,
-                     "model": bench_weight_delta.MODELS[args.weights], "rows": []}  # fmt: skip
+    pub = publisher.WeightPublisher(
+        redis.Redis(), JobKeys("bench", "pass"), rebase_interval=1, rebase_fraction=1.0, chunk_bytes=1 << 20, threads=1
+    )
+    summary: dict = {
+        "numel": sum(b.size for b in bits.values()),
+        "density": 0.01,
+        "reps": args.reps,
+        "model": bench_weight_delta.MODELS[args.weights],
+        "rows": [],
+    }
 
     def reset_baseline() -> None:
         pub._baseline = {name: b.copy() for name, b in bits.items()}
@@ -94,12 +104,15 @@ def main() -> None:
             for block in (1 << 18, 1 << 20):
                 changes._COMPARE_BLOCK = publisher._CAST_BLOCK = block
                 cast = best_of(args.reps, lambda p=pool: p.map(cast_only, order), reset_baseline)
-                find = best_of(args.reps, lambda p=pool: p.map(lambda n: pub._find_one(n, source[n], None), order),
-                               reset_baseline)  # fmt: skip
+                find = best_of(
+                    args.reps, lambda p=pool: p.map(lambda n: pub._find_one(n, source[n], None), order), reset_baseline
+                )
                 row = {"threads": threads, "block": block, "cast_s": cast, "find_s": find}
                 summary["rows"].append(row)
-                progress(f"threads {threads} block {block >> 10}K: cast alone {cast * 1e3:.0f} ms, "
-                         f"find pass {find * 1e3:.0f} ms")  # fmt: skip
+                progress(
+                    f"threads {threads} block {block >> 10}K: cast alone {cast * 1e3:.0f} ms, "
+                    f"find pass {find * 1e3:.0f} ms"
+                )
             pool.close()
     finally:
         changes._COMPARE_BLOCK, publisher._CAST_BLOCK = saved
@@ -109,11 +122,14 @@ def main() -> None:
     torch.set_num_threads(default_threads)
     summary["torch_threads_in_pool"] = {"process_torch_threads": default_threads}
     for label, pool in (("omp team per op", ThreadsAsStarted(2)), ("one torch thread", TensorPool(2))):
-        find = best_of(args.reps, lambda p=pool: p.map(lambda n: pub._find_one(n, source[n], None), order),
-                       reset_baseline)  # fmt: skip
+        find = best_of(
+            args.reps, lambda p=pool: p.map(lambda n: pub._find_one(n, source[n], None), order), reset_baseline
+        )
         summary["torch_threads_in_pool"][label] = find
-        progress(f"threads 2, torch at {default_threads} threads in the process, {label} per pool thread: "
-                 f"find pass {find * 1e3:.0f} ms")  # fmt: skip
+        progress(
+            f"threads 2, torch at {default_threads} threads in the process, {label} per pool thread: "
+            f"find pass {find * 1e3:.0f} ms"
+        )
         pool.close()
     ratio = summary["torch_threads_in_pool"]["omp team per op"] / summary["torch_threads_in_pool"]["one torch thread"]
     summary["torch_threads_in_pool"]["speedup"] = ratio

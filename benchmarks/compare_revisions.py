@@ -95,13 +95,17 @@ def main() -> None:
     parser.add_argument("--base", required=True, help="git revision to compare against")
     parser.add_argument("--pairs", type=int, default=2, help="base/head run pairs (each run takes about 2 minutes)")
     parser.add_argument("--out", default="docs/results/weight_delta_ab", help="path stem for the .json")
-    parser.add_argument("--same-script", action="store_true",
-                        help="this checkout's benchmark script on both sides (default: each its own)")  # fmt: skip
+    parser.add_argument(
+        "--same-script",
+        action="store_true",
+        help="this checkout's benchmark script on both sides (default: each its own)",
+    )
     args, bench_args = parser.parse_known_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` removes the worktree
     bench_args = [a for a in bench_args if a != "--"]
-    base_sha = subprocess.run(["git", "rev-parse", args.base], cwd=REPO, check=True, capture_output=True,
-                              text=True).stdout.strip()  # fmt: skip
+    base_sha = subprocess.run(
+        ["git", "rev-parse", args.base], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="rljob-ab-") as scratch:
         tree = Path(scratch) / "base"
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), base_sha], cwd=REPO, check=True)

@@ -110,8 +110,13 @@ def run_summary(folder: Path) -> dict:
         if path.exists():
             step = 0 if path.name == "eval_before.json" else _step_of(path)
             seconds = elapsed.get(step)
-            out["evals"].append({"step": step, "rl_seconds": None if seconds is None else round(seconds, 1),
-                                 **pick(json.loads(path.read_text()))})  # fmt: skip
+            out["evals"].append(
+                {
+                    "step": step,
+                    "rl_seconds": None if seconds is None else round(seconds, 1),
+                    **pick(json.loads(path.read_text())),
+                }
+            )
     for name in ("warmup", "eval_before", "eval_after"):
         path = _eval_path(folder, name)
         if path.exists():
@@ -146,9 +151,18 @@ def headline(summary: dict, work: Path, lags: list[int], untrained: dict) -> dic
     lag 0's; lag 1 vs lag 0 paired at equal steps, and at the evaluation nearest equal RL time."""
     from rljob.stats import compare_paired
 
-    out: dict = {"untrained_em": untrained.get("exact_match"), "untrained_f1": untrained.get("f1"), "rl_em": {},
-                 "rl_f1": {}, "rl_em_gain": {}, "rl_em_p_value": {}, "rl_em_gained_lost": {}, "rl_f1_gain": {},
-                 "rl_f1_gain_interval": {}, "rl_steps": {}}  # fmt: skip
+    out: dict = {
+        "untrained_em": untrained.get("exact_match"),
+        "untrained_f1": untrained.get("f1"),
+        "rl_em": {},
+        "rl_f1": {},
+        "rl_em_gain": {},
+        "rl_em_p_value": {},
+        "rl_em_gained_lost": {},
+        "rl_f1_gain": {},
+        "rl_f1_gain_interval": {},
+        "rl_steps": {},
+    }
     for lag in lags:
         before, after = (
             _per_question(work / f"lag{lag}", "eval_before"),
@@ -183,17 +197,26 @@ def headline(summary: dict, work: Path, lags: list[int], untrained: dict) -> dic
             if lag0_then and lag1:
                 then = compare_paired(lag0_then, lag1)
                 out["lag1_vs_lag0_equal_time"] = {
-                    "lag1_step": runs["lag1"]["rl_steps"], "lag1_rl_seconds": end,
-                    "lag0_step": nearest["step"], "lag0_rl_seconds": nearest["rl_seconds"], **_paired_dict(then),
-                }  # fmt: skip
+                    "lag1_step": runs["lag1"]["rl_steps"],
+                    "lag1_rl_seconds": end,
+                    "lag0_step": nearest["step"],
+                    "lag0_rl_seconds": nearest["rl_seconds"],
+                    **_paired_dict(then),
+                }
                 progress(f"lag 1 after {end:.0f} s vs lag 0 after {nearest['rl_seconds']:.0f} s: {then.line()}")
     return out
 
 
 def _paired_dict(paired) -> dict:
-    return {"em_lag0": paired.em_before, "em_lag1": paired.em_after, "em_difference": paired.em_gain,
-            "em_p_value": paired.em_p_value, "f1_difference": paired.f1_gain,
-            "f1_difference_interval": list(paired.f1_gain_interval), "questions": paired.questions}  # fmt: skip
+    return {
+        "em_lag0": paired.em_before,
+        "em_lag1": paired.em_after,
+        "em_difference": paired.em_gain,
+        "em_p_value": paired.em_p_value,
+        "f1_difference": paired.f1_gain,
+        "f1_difference_interval": list(paired.f1_gain_interval),
+        "questions": paired.questions,
+    }
 
 
 def plot(summary: dict, path: Path) -> None:
@@ -232,8 +255,9 @@ def plot(summary: dict, path: Path) -> None:
         for metric, style in (("exact_match", "o-"), ("f1", "s--")):
             em_steps.plot([e["step"] for e in evals], [e[metric] for e in evals], style, label=f"{name} {metric}")
             timed = [e for e in evals if e["rl_seconds"] is not None]
-            em_time.plot([e["rl_seconds"] / 60 for e in timed], [e[metric] for e in timed], style,
-                         label=f"{name} {metric}")  # fmt: skip
+            em_time.plot(
+                [e["rl_seconds"] / 60 for e in timed], [e[metric] for e in timed], style, label=f"{name} {metric}"
+            )
     for ax, title, xlabel in (
         (reward, "training reward (F1 + format bonus), mean of the step's samples", "RL step"),
         (informative, "informative groups / groups generated", "RL step"),
@@ -257,10 +281,19 @@ def main() -> None:
     parser.add_argument("--lags", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--steps", type=int, help="override grpo.totalSteps")
     parser.add_argument("--questions", type=int, help="override eval.questions (dev questions scored)")
-    parser.add_argument("--split", choices=["eval", "validation"], default="eval",
-                        help="score dev.jsonl (eval), or the validation slice while choosing settings")  # fmt: skip
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a spec field, e.g. grpo.learningRate=3e-5 (YAML value)")  # fmt: skip
+    parser.add_argument(
+        "--split",
+        choices=["eval", "validation"],
+        default="eval",
+        help="score dev.jsonl (eval), or the validation slice while choosing settings",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec field, e.g. grpo.learningRate=3e-5 (YAML value)",
+    )
     parser.add_argument("--name", default="base", help="label of a variant: --split validation, or a replicate on dev")
     parser.add_argument("--rerun-baseline", action="store_true", help="score the untrained model again")
     parser.add_argument("--fresh", action="store_true", help="start runs over instead of resuming or keeping them")

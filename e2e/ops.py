@@ -92,8 +92,18 @@ def operator_session(
     """The chart installed with replicaCount=0 and the operator running from source with its
     ServiceAccount's token; afterwards, no RBAC denial and no handler crash in its log (but the
     one error a test provokes on purpose)."""
-    cluster.helm("upgrade", "--install", "rljob", str(CHART), "-n", OP_NS, "--create-namespace",
-                 "--set", "replicaCount=0", "--wait")  # fmt: skip
+    cluster.helm(
+        "upgrade",
+        "--install",
+        "rljob",
+        str(CHART),
+        "-n",
+        OP_NS,
+        "--create-namespace",
+        "--set",
+        "replicaCount=0",
+        "--wait",
+    )
     kubeconfig = cluster.kubeconfig_for_serviceaccount(OP_NS, SA)
     # Deleted children are looked for every 2 s instead of every minute, so a test sees them back soon.
     operator = OperatorProcess(kubeconfig, log, extra_env={"RLJOB_CHILD_CHECK_SECONDS": "2", **(extra_env or {})})

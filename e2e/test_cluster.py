@@ -35,18 +35,22 @@ def test_nodes_ready_with_gpu_capacity(cluster):
 
 def test_deployment_pods_run_on_fake_nodes(cluster, namespace):
     manifest = {
-        "apiVersion": "apps/v1", "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
         "metadata": {"name": "gpu-app", "namespace": namespace},
         "spec": {
             "replicas": 3,
             "selector": {"matchLabels": {"app": "gpu-app"}},
             "template": {
                 "metadata": {"labels": {"app": "gpu-app"}},
-                "spec": {"containers": [{"name": "main", "image": "busybox:1.36",
-                                         "resources": {"limits": {"nvidia.com/gpu": "2"}}}]},
+                "spec": {
+                    "containers": [
+                        {"name": "main", "image": "busybox:1.36", "resources": {"limits": {"nvidia.com/gpu": "2"}}}
+                    ]
+                },
             },
         },
-    }  # fmt: skip
+    }
     cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
 
     def running_pods():
@@ -56,17 +60,26 @@ def test_deployment_pods_run_on_fake_nodes(cluster, namespace):
 
     pods = wait_for(running_pods, what="3 Running pods")
     assert all(p["spec"]["nodeName"].startswith("kwok-gpu-") for p in pods)
-    wait_for(lambda: cluster.kubectl("get", "deployment", "gpu-app", "-n", namespace, "-o",
-                                     "jsonpath={.status.readyReplicas}").stdout == "3",
-             what="deployment ready replicas")  # fmt: skip
+    wait_for(
+        lambda: (
+            cluster.kubectl(
+                "get", "deployment", "gpu-app", "-n", namespace, "-o", "jsonpath={.status.readyReplicas}"
+            ).stdout
+            == "3"
+        ),
+        what="deployment ready replicas",
+    )
 
 
 def test_pod_asking_too_many_gpus_stays_pending(cluster, namespace):
     pod = {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "too-big", "namespace": namespace},
-        "spec": {"containers": [{"name": "main", "image": "busybox:1.36",
-                                 "resources": {"limits": {"nvidia.com/gpu": "16"}}}]},
-    }  # fmt: skip
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "too-big", "namespace": namespace},
+        "spec": {
+            "containers": [{"name": "main", "image": "busybox:1.36", "resources": {"limits": {"nvidia.com/gpu": "16"}}}]
+        },
+    }
     cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
 
     def scheduling_event():
@@ -82,8 +95,15 @@ def test_pod_asking_too_many_gpus_stays_pending(cluster, namespace):
 def test_rbac_answers_per_rules(cluster, namespace):
     cluster.kubectl("create", "serviceaccount", "reader", "-n", namespace)
     cluster.kubectl("create", "role", "pod-reader", "-n", namespace, "--verb=get,list,watch", "--resource=pods")
-    cluster.kubectl("create", "rolebinding", "reader-binding", "-n", namespace, "--role=pod-reader",
-                    f"--serviceaccount={namespace}:reader")  # fmt: skip
+    cluster.kubectl(
+        "create",
+        "rolebinding",
+        "reader-binding",
+        "-n",
+        namespace,
+        "--role=pod-reader",
+        f"--serviceaccount={namespace}:reader",
+    )
     who = f"--as=system:serviceaccount:{namespace}:reader"
 
     def can(*args: str) -> str:

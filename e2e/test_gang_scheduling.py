@@ -117,8 +117,9 @@ def test_switching_gang_provider_removes_the_old_gang_objects(ops: Ops, ns: str)
     wait_for(lambda: ops.running(ns, "trainer", "switch", 2), timeout=90, what="trainers")
     assert ops.json("get", "workload", "switch-trainer", "-n", ns) is not None
     job_uid = ops.json("get", "job", "switch-trainer", "-n", ns)["metadata"]["uid"]
-    ops.cluster.kubectl("patch", "rljob", "switch", "-n", ns, "--type=merge", "-p",
-                        '{"spec":{"trainer":{"gangProvider":"none"}}}')  # fmt: skip
+    ops.cluster.kubectl(
+        "patch", "rljob", "switch", "-n", ns, "--type=merge", "-p", '{"spec":{"trainer":{"gangProvider":"none"}}}'
+    )
 
     def new_gang() -> bool:
         pods = ops.running(ns, "trainer", "switch", 2) or []

@@ -78,10 +78,16 @@ def test_chart_lints_and_renders(cluster, tmp_path: Path) -> None:
     umbrella = tmp_path / "platform"
     shutil.copytree(CHART, umbrella / "charts" / "rljob")
     version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
-    (umbrella / "Chart.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "v2", "name": "platform", "version": "0.1.0",
-        "dependencies": [{"name": "rljob", "version": version, "condition": "rljob.enabled"}],
-    }))  # fmt: skip
+    (umbrella / "Chart.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v2",
+                "name": "platform",
+                "version": "0.1.0",
+                "dependencies": [{"name": "rljob", "version": version, "condition": "rljob.enabled"}],
+            }
+        )
+    )
     (umbrella / "values.yaml").write_text(yaml.safe_dump({"global": {"x": 1}, "rljob": {"enabled": True}}))
     rendered = cluster.helm("template", "p", str(umbrella)).stdout
     assert any(d and d["kind"] == "Deployment" for d in yaml.safe_load_all(rendered))
@@ -150,21 +156,41 @@ def test_search_r1_example_gets_gpus(ops: Ops, ns: str) -> None:
     claim = SEARCH_R1["spec"]["trainer"]["checkpointVolumeClaim"]
     volume = f"{ns}-{claim}"
     size = {"storage": "1Gi"}
-    ops.apply(ns, {
-        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
-        "spec": {"capacity": size, "accessModes": ["ReadWriteMany"], "storageClassName": "",
-                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": f"/tmp/{volume}"},
-                 "claimRef": {"namespace": ns, "name": claim}},
-    })  # fmt: skip
-    ops.apply(ns, {
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim},
-        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": volume,
-                 "resources": {"requests": size}},
-    })  # fmt: skip
+    ops.apply(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": volume},
+            "spec": {
+                "capacity": size,
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": "",
+                "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": {"path": f"/tmp/{volume}"},
+                "claimRef": {"namespace": ns, "name": claim},
+            },
+        },
+    )
+    ops.apply(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": "",
+                "volumeName": volume,
+                "resources": {"requests": size},
+            },
+        },
+    )
     wait_for(
         lambda: (ops.json("get", "pvc", claim, "-n", ns) or {}).get("status", {}).get("phase") == "Bound",
-        timeout=60, what=f"claim {claim} Bound",
-    )  # fmt: skip
+        timeout=60,
+        what=f"claim {claim} Bound",
+    )
     ops.apply(ns, SEARCH_R1)
     name = SEARCH_R1["metadata"]["name"]
     trainers = wait_for(lambda: ops.running(ns, "trainer", name, 2), timeout=90, what="GPU trainers Running")
@@ -315,8 +341,12 @@ def test_suspend_and_resume(ops: Ops, ns: str) -> None:
 def test_deleted_children_come_back(ops: Ops, ns: str) -> None:
     ops.apply(ns, tiny("heal"))
     wait_for(lambda: ops.running(ns, "trainer", "heal", 2), timeout=90, what="trainers")
-    gone = [("service", "heal-trainer"), ("configmap", "heal-config"), ("service", "heal-redis"),
-            ("networkpolicy", "heal-redis")]  # fmt: skip
+    gone = [
+        ("service", "heal-trainer"),
+        ("configmap", "heal-config"),
+        ("service", "heal-redis"),
+        ("networkpolicy", "heal-redis"),
+    ]
     uids = {}
     for kind, name in gone:
         uids[kind, name] = ops.json("get", kind, name, "-n", ns)["metadata"]["uid"]
@@ -350,10 +380,14 @@ def test_a_recreated_job_does_not_adopt_its_deleted_namesakes_secret(ops: Ops, n
     wait_for(lambda: not ops.rljob(ns, "again"), timeout=180, what="the old RLJob gone")
     ops.apply(ns, tiny("again"))
     uid = ops.rljob(ns, "again")["metadata"]["uid"]
-    wait_for(lambda: ops.condition(ns, "again", "Ready").get("reason") == "SecretNotOwned", timeout=30,
-             what="the new job waiting for the old Secret")  # fmt: skip
-    ops.cluster.kubectl("patch", "secret", "again-redis", "-n", ns, "--type=merge", "-p",
-                        '{"metadata":{"finalizers":null}}')  # fmt: skip
+    wait_for(
+        lambda: ops.condition(ns, "again", "Ready").get("reason") == "SecretNotOwned",
+        timeout=30,
+        what="the new job waiting for the old Secret",
+    )
+    ops.cluster.kubectl(
+        "patch", "secret", "again-redis", "-n", ns, "--type=merge", "-p", '{"metadata":{"finalizers":null}}'
+    )
 
     def own_secret() -> bool:
         secret = ops.json("get", "secret", "again-redis", "-n", ns) or {}
@@ -539,8 +573,9 @@ def test_a_child_the_api_server_refuses_builds_nothing_and_says_why(ops: Ops, ns
     # API server's words in Ready (and an event), instead of a half-built job.
     policy = deny_rollouts_of(ops, ns, "denied")
     ops.apply(ns, tiny("denied"))
-    wait_for(lambda: ops.condition(ns, "denied", "Ready").get("reason") == "ApplyRejected", timeout=30,
-             what="ApplyRejected")  # fmt: skip
+    wait_for(
+        lambda: ops.condition(ns, "denied", "Ready").get("reason") == "ApplyRejected", timeout=30, what="ApplyRejected"
+    )
     ready = ops.condition(ns, "denied", "Ready")
     assert "Deployment denied-rollout" in ready["message"] and "not allowed here" in ready["message"]
     assert ops.status(ns, "denied")["phase"] == "Pending"
@@ -550,8 +585,11 @@ def test_a_child_the_api_server_refuses_builds_nothing_and_says_why(ops: Ops, ns
     assert "ApplyRejected" in reasons
     ops.cluster.kubectl("delete", "validatingadmissionpolicybinding", policy)
     wait_for(lambda: ops.running(ns, "trainer", "denied", 2), timeout=90, what="built once the policy is gone")
-    wait_for(lambda: ops.condition(ns, "denied", "Ready").get("reason") != "ApplyRejected", timeout=30,
-             what="Ready no longer ApplyRejected")  # fmt: skip
+    wait_for(
+        lambda: ops.condition(ns, "denied", "Ready").get("reason") != "ApplyRejected",
+        timeout=30,
+        what="Ready no longer ApplyRejected",
+    )
 
     # A running job whose update is refused: it keeps running on the previous spec, untouched
     # (the ConfigMap the workers read is not moved to the new spec either).
@@ -559,10 +597,14 @@ def test_a_child_the_api_server_refuses_builds_nothing_and_says_why(ops: Ops, ns
     config = ops.json("get", "configmap", "denied-config", "-n", ns)["data"]
     generation = ops.status(ns, "denied")["observedGeneration"]
     deny_rollouts_of(ops, ns, "denied")
-    ops.cluster.kubectl("patch", "rljob", "denied", "-n", ns, "--type=merge", "-p",
-                        '{"spec":{"rollout":{"minReplicas":2}}}')  # fmt: skip
-    wait_for(lambda: ops.condition(ns, "denied", "Ready").get("reason") == "ApplyRejected", timeout=30,
-             what="the update refused")  # fmt: skip
+    ops.cluster.kubectl(
+        "patch", "rljob", "denied", "-n", ns, "--type=merge", "-p", '{"spec":{"rollout":{"minReplicas":2}}}'
+    )
+    wait_for(
+        lambda: ops.condition(ns, "denied", "Ready").get("reason") == "ApplyRejected",
+        timeout=30,
+        what="the update refused",
+    )
     status = ops.status(ns, "denied")
     assert status["phase"] == "Running" and status["observedGeneration"] == generation
     assert ops.json("get", "configmap", "denied-config", "-n", ns)["data"] == config
@@ -576,14 +618,22 @@ def test_a_child_the_api_server_refuses_builds_nothing_and_says_why(ops: Ops, ns
 def test_a_trainer_the_api_server_refuses_builds_nothing_and_says_why(ops: Ops, ns: str) -> None:
     # A quota that allows no Jobs refuses the trainer Job: no child at all (no workers and Redis
     # for a gang that never starts), Pending, and the quota named in Ready, until it is removed.
-    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-jobs"},
-             "spec": {"hard": {"count/jobs.batch": "0"}}}  # fmt: skip
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-jobs"},
+        "spec": {"hard": {"count/jobs.batch": "0"}},
+    }
     ops.apply(ns, quota)
-    wait_for(lambda: ops.json("get", "resourcequota", "no-jobs", "-n", ns).get("status", {}).get("hard"),
-             timeout=30, what="the quota counted")  # fmt: skip
+    wait_for(
+        lambda: ops.json("get", "resourcequota", "no-jobs", "-n", ns).get("status", {}).get("hard"),
+        timeout=30,
+        what="the quota counted",
+    )
     ops.apply(ns, tiny("quota"))
-    wait_for(lambda: ops.condition(ns, "quota", "Ready").get("reason") == "ApplyRejected", timeout=30,
-             what="ApplyRejected")  # fmt: skip
+    wait_for(
+        lambda: ops.condition(ns, "quota", "Ready").get("reason") == "ApplyRejected", timeout=30, what="ApplyRejected"
+    )
     message = ops.condition(ns, "quota", "Ready")["message"]
     assert "Job quota-trainer" in message and "no-jobs" in message, message
     assert ops.status(ns, "quota")["phase"] == "Pending"
@@ -602,25 +652,36 @@ def test_an_api_error_is_reported_on_the_job_and_counted(ops: Ops, ns: str) -> N
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": f"down-{ns}"},
-        "webhooks": [{
-            "name": PROVOKED_ERROR,
-            "clientConfig": {"url": "https://127.0.0.1:1/validate"},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-                       "resources": ["configmaps"]}],
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-            "objectSelector": {"matchLabels": {"rljob.dev/job": "broken"}},
-            "failurePolicy": "Fail",
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": 2,
-        }],
-    }  # fmt: skip
+        "webhooks": [
+            {
+                "name": PROVOKED_ERROR,
+                "clientConfig": {"url": "https://127.0.0.1:1/validate"},
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["configmaps"],
+                    }
+                ],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                "objectSelector": {"matchLabels": {"rljob.dev/job": "broken"}},
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 2,
+            }
+        ],
+    }
     errors = ops.operator.metrics().get("rljob_operator_reconcile_errors_total", 0.0)
     ops.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(webhook))
     try:
         ops.apply(ns, tiny("broken"))
-        wait_for(lambda: ops.condition(ns, "broken", "Ready").get("reason") == "ReconcileError", timeout=30,
-                 what="ReconcileError")  # fmt: skip
+        wait_for(
+            lambda: ops.condition(ns, "broken", "Ready").get("reason") == "ReconcileError",
+            timeout=30,
+            what="ReconcileError",
+        )
         ready = ops.condition(ns, "broken", "Ready")
         assert ready["status"] == "False" and ready["message"].startswith("500 ") and PROVOKED_ERROR in ready["message"]
         assert ops.status(ns, "broken")["phase"] == "Pending"
@@ -633,8 +694,11 @@ def test_an_api_error_is_reported_on_the_job_and_counted(ops: Ops, ns: str) -> N
         ops.cluster.kubectl("delete", "validatingwebhookconfiguration", f"down-{ns}", check=False)
     # kopf retries a handler or timer that raised after its backoff (60 s).
     wait_for(lambda: ops.json("get", "configmap", "broken-config", "-n", ns), timeout=90, what="built after all")
-    wait_for(lambda: time.time() - ops.operator.metrics()["rljob_operator_last_successful_reconcile_timestamp_seconds"]
-             < 10, timeout=30, what="a successful pass in the metrics")  # fmt: skip
+    wait_for(
+        lambda: time.time() - ops.operator.metrics()["rljob_operator_last_successful_reconcile_timestamp_seconds"] < 10,
+        timeout=30,
+        what="a successful pass in the metrics",
+    )
 
 
 GROUP_SIZE_MAXIMUM = (
@@ -659,11 +723,21 @@ def test_a_spec_an_older_crd_lets_through_is_reported_not_built(ops: Ops, ns: st
     patch_crd(ops, {"op": "remove", "path": GROUP_SIZE_MAXIMUM})  # the model keeps groupSize <= 256
     try:
         too_big = '{"spec":{"grpo":{"groupSize":300}}}'
-        wait_for(lambda: ops.cluster.kubectl("patch", "rljob", "loose", "-n", ns, "--type=merge", "-p", too_big,
-                                             check=False).returncode == 0,
-                 timeout=30, what="the looser CRD in effect")  # fmt: skip
-        wait_for(lambda: ops.condition(ns, "loose", "Ready").get("reason") == "InvalidSpec", timeout=30,
-                 what="InvalidSpec on the running job")  # fmt: skip
+        wait_for(
+            lambda: (
+                ops.cluster.kubectl(
+                    "patch", "rljob", "loose", "-n", ns, "--type=merge", "-p", too_big, check=False
+                ).returncode
+                == 0
+            ),
+            timeout=30,
+            what="the looser CRD in effect",
+        )
+        wait_for(
+            lambda: ops.condition(ns, "loose", "Ready").get("reason") == "InvalidSpec",
+            timeout=30,
+            what="InvalidSpec on the running job",
+        )
         message = ops.condition(ns, "loose", "Ready")["message"]
         assert "groupSize" in message and "still running the previous spec" in message, message
         status = ops.status(ns, "loose")
@@ -680,20 +754,28 @@ def test_a_spec_an_older_crd_lets_through_is_reported_not_built(ops: Ops, ns: st
         assert ops.children(ns, "never") == []
 
         # Fixed specs: the running job takes it and Ready clears; the failed one starts over.
-        ops.cluster.kubectl("patch", "rljob", "loose", "-n", ns, "--type=merge", "-p",
-                            '{"spec":{"grpo":{"groupSize":4}}}')  # fmt: skip
-        wait_for(lambda: ops.condition(ns, "loose", "Ready").get("reason") != "InvalidSpec", timeout=30,
-                 what="Ready no longer InvalidSpec")  # fmt: skip
+        ops.cluster.kubectl(
+            "patch", "rljob", "loose", "-n", ns, "--type=merge", "-p", '{"spec":{"grpo":{"groupSize":4}}}'
+        )
+        wait_for(
+            lambda: ops.condition(ns, "loose", "Ready").get("reason") != "InvalidSpec",
+            timeout=30,
+            what="Ready no longer InvalidSpec",
+        )
         assert ops.status(ns, "loose")["observedGeneration"] > generation
-        ops.cluster.kubectl("patch", "rljob", "never", "-n", ns, "--type=merge", "-p",
-                            '{"spec":{"grpo":{"groupSize":4}}}')  # fmt: skip
+        ops.cluster.kubectl(
+            "patch", "rljob", "never", "-n", ns, "--type=merge", "-p", '{"spec":{"grpo":{"groupSize":4}}}'
+        )
         wait_for(lambda: ops.running(ns, "trainer", "never", 2), timeout=90, what="the fixed job started")
         assert ops.status(ns, "never")["phase"] != "Failed"
     finally:
         # docs/operator.md's upgrade step (helm upgrade leaves CRDs alone): the chart's CRD over the old one.
         ops.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
-    wait_for(lambda: ops.apply(ns, tiny("after", grpo={"groupSize": 300}), check=False).returncode != 0,
-             timeout=30, what="the chart's CRD in effect again")  # fmt: skip
+    wait_for(
+        lambda: ops.apply(ns, tiny("after", grpo={"groupSize": 300}), check=False).returncode != 0,
+        timeout=30,
+        what="the chart's CRD in effect again",
+    )
     refused = ops.apply(ns, tiny("after", grpo={"groupSize": 300}), check=False)
     assert "groupSize" in refused.stderr, refused.stderr
 
@@ -708,8 +790,11 @@ def test_keda_objects_are_paused_when_the_job_ends_and_removed_when_switched_off
         ops.apply(ns, tiny("kdone", rollout={"autoscaler": "keda"}))
         ops.apply(ns, tiny("kswitch", rollout={"autoscaler": "keda"}))
         for job in ("kdone", "kswitch"):
-            wait_for(lambda job=job: ops.json("get", "scaledobject", f"{job}-rollout", "-n", ns), timeout=120,
-                     what=f"{job}'s ScaledObject")  # fmt: skip
+            wait_for(
+                lambda job=job: ops.json("get", "scaledobject", f"{job}-rollout", "-n", ns),
+                timeout=120,
+                what=f"{job}'s ScaledObject",
+            )
         scaled = ops.json("get", "scaledobject", "kdone-rollout", "-n", ns)
         streams = [t["metadata"]["stream"] for t in scaled["spec"]["triggers"]]
         assert streams == [f"rljob:{{{ns}/kdone}}:prompts", f"rljob:{{{ns}/kdone}}:eval:prompts"]
@@ -718,8 +803,17 @@ def test_keda_objects_are_paused_when_the_job_ends_and_removed_when_switched_off
         # Finished: paused at zero, or KEDA's HPA would bring workers back to minReplicaCount.
         pods = wait_for(lambda: ops.running(ns, "trainer", "kdone", 2), timeout=90, what="trainers")
         for pod in pods:
-            ops.cluster.kubectl("patch", "pod", pod["metadata"]["name"], "-n", ns, "--subresource=status",
-                                "--type=merge", "-p", '{"status":{"phase":"Succeeded"}}')  # fmt: skip
+            ops.cluster.kubectl(
+                "patch",
+                "pod",
+                pod["metadata"]["name"],
+                "-n",
+                ns,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                '{"status":{"phase":"Succeeded"}}',
+            )
         ops.wait_phase(ns, "kdone", "Succeeded", timeout=60)
 
         def paused() -> bool:
@@ -729,8 +823,16 @@ def test_keda_objects_are_paused_when_the_job_ends_and_removed_when_switched_off
         wait_for(paused, timeout=60, what="the ScaledObject paused at 0 after success")
 
         # Switched to the operator's own autoscaler: KEDA's objects go, so only one writer of replicas.
-        ops.cluster.kubectl("patch", "rljob", "kswitch", "-n", ns, "--type=merge", "-p",
-                            '{"spec":{"rollout":{"autoscaler":"operator"}}}')  # fmt: skip
+        ops.cluster.kubectl(
+            "patch",
+            "rljob",
+            "kswitch",
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            '{"spec":{"rollout":{"autoscaler":"operator"}}}',
+        )
         wait_for(
             lambda: (
                 ops.json("get", "scaledobject", "kswitch-rollout", "-n", ns) is None

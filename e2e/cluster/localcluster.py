@@ -74,21 +74,63 @@ def _openssl(*args: str) -> None:
 def issue_cert(pki: Path, out: Path, name: str, subject: str, ext: str) -> None:
     """`out/<name>.key` and `out/<name>.crt` for `subject`, signed by the CA in `pki`."""
     (out / f"{name}.ext").write_text(ext)
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
-             "-keyout", str(out / f"{name}.key"), "-out", str(out / f"{name}.csr"))  # fmt: skip
-    _openssl("x509", "-req", "-in", str(out / f"{name}.csr"), "-CA", str(pki / "ca.crt"),
-             "-CAkey", str(pki / "ca.key"), "-CAcreateserial", "-days", "2",
-             "-extfile", str(out / f"{name}.ext"), "-out", str(out / f"{name}.crt"))  # fmt: skip
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        subject,
+        "-keyout",
+        str(out / f"{name}.key"),
+        "-out",
+        str(out / f"{name}.csr"),
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(out / f"{name}.csr"),
+        "-CA",
+        str(pki / "ca.crt"),
+        "-CAkey",
+        str(pki / "ca.key"),
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        str(out / f"{name}.ext"),
+        "-out",
+        str(out / f"{name}.crt"),
+    )
 
 
 def make_pki(pki: Path) -> None:
     """A CA, the apiserver's serving cert, an admin client cert and the service-account key pair."""
     pki.mkdir(parents=True)
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=rljob-e2e-ca",
-             "-keyout", str(pki / "ca.key"), "-out", str(pki / "ca.crt"))  # fmt: skip
-    issue_cert(pki, pki, "apiserver", "/CN=kube-apiserver",
-               "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default\n"
-               "extendedKeyUsage=serverAuth\n")  # fmt: skip
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=rljob-e2e-ca",
+        "-keyout",
+        str(pki / "ca.key"),
+        "-out",
+        str(pki / "ca.crt"),
+    )
+    issue_cert(
+        pki,
+        pki,
+        "apiserver",
+        "/CN=kube-apiserver",
+        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default\n"
+        "extendedKeyUsage=serverAuth\n",
+    )
     issue_cert(pki, pki, "admin", "/O=system:masters/CN=rljob-e2e-admin", "extendedKeyUsage=clientAuth\n")
     _openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
     _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
@@ -221,64 +263,109 @@ class LocalCluster:
         write_kubeconfig(self.kubeconfig, self.server, pki / "ca.crt", cert=pki / "admin.crt", key=pki / "admin.key")
 
         log("starting etcd")
-        self._spawn("etcd", [
-            "etcd", "--name=e2e", f"--data-dir={self.workdir / 'etcd'}",
-            f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
-            f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
-            f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
-            f"--initial-cluster=e2e=http://127.0.0.1:{peer_port}",
-            "--unsafe-no-fsync", "--quota-backend-bytes=4294967296", "--log-level=warn",
-        ])  # fmt: skip
+        self._spawn(
+            "etcd",
+            [
+                "etcd",
+                "--name=e2e",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-cluster=e2e=http://127.0.0.1:{peer_port}",
+                "--unsafe-no-fsync",
+                "--quota-backend-bytes=4294967296",
+                "--log-level=warn",
+            ],
+        )
         self._wait("etcd", lambda: _port_open(etcd_port))
 
         log("starting kube-apiserver")
-        self._spawn("kube-apiserver", [
-            "kube-apiserver", f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={api_port}",
-            # 1.37 refuses a loopback address in the `kubernetes` Service's endpoints; nothing
-            # here reaches the API server through that Service (the operator runs beside it).
-            "--endpoint-reconciler-type=none",
-            f"--cert-dir={self.workdir / 'apiserver-certs'}",
-            f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--client-ca-file={pki / 'ca.crt'}",
-            "--authorization-mode=RBAC", "--allow-privileged=true",
-            # As OpenShift runs it: setting blockOwnerDeletion on a child needs update on its owner's
-            # finalizers, which the chart's RBAC must then grant. A namespace's annotations place
-            # its pods (e2e/hostlet's namespaces on the hostlet's node).
-            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement,PodNodeSelector,PodTolerationRestriction",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            "--service-cluster-ip-range=10.96.0.0/16",
-            f"--feature-gates={gates}", f"--runtime-config={runtime_config}",
-            "--enable-priority-and-fairness=false", "--max-requests-inflight=0",
-            "--max-mutating-requests-inflight=0", "--profiling=false",
-        ])  # fmt: skip
+        self._spawn(
+            "kube-apiserver",
+            [
+                "kube-apiserver",
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={api_port}",
+                # 1.37 refuses a loopback address in the `kubernetes` Service's endpoints; nothing
+                # here reaches the API server through that Service (the operator runs beside it).
+                "--endpoint-reconciler-type=none",
+                f"--cert-dir={self.workdir / 'apiserver-certs'}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                "--authorization-mode=RBAC",
+                "--allow-privileged=true",
+                # As OpenShift runs it: setting blockOwnerDeletion on a child needs update on its owner's
+                # finalizers, which the chart's RBAC must then grant. A namespace's annotations place
+                # its pods (e2e/hostlet's namespaces on the hostlet's node).
+                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement,PodNodeSelector,PodTolerationRestriction",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                f"--feature-gates={gates}",
+                f"--runtime-config={runtime_config}",
+                "--enable-priority-and-fairness=false",
+                "--max-requests-inflight=0",
+                "--max-mutating-requests-inflight=0",
+                "--profiling=false",
+            ],
+        )
         self._wait("kube-apiserver /readyz", lambda: self.kubectl("get", "--raw=/readyz", check=False).returncode == 0)
 
         kubeconfig = str(self.kubeconfig)
         log("starting kube-controller-manager, kube-scheduler and kwok")
-        self._spawn("kube-controller-manager", [
-            "kube-controller-manager", f"--kubeconfig={kubeconfig}", "--leader-elect=false",
-            "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
-            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
-            f"--root-ca-file={pki / 'ca.crt'}", f"--service-account-private-key-file={pki / 'sa.key'}",
-            "--use-service-account-credentials=true", f"--feature-gates={gates}",
-            "--kube-api-qps=1000", "--kube-api-burst=1000", "--concurrent-gc-syncs=20",
-        ])  # fmt: skip
-        self._spawn("kube-scheduler", [
-            "kube-scheduler", f"--kubeconfig={kubeconfig}", "--leader-elect=false",
-            "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
-            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
-            f"--feature-gates={gates}", "--kube-api-qps=1000", "--kube-api-burst=1000",
-        ])  # fmt: skip
-        self._spawn("kwok", [
-            "kwok", f"--kubeconfig={kubeconfig}", f"--config={self.bin_dir / 'kwok-stages.yaml'}",
-            # Only the fake GPU nodes: e2e/hostlet's node runs its pods for real.
-            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-            f"--server-address=127.0.0.1:{free_port()}", "--node-ip=127.0.0.1", "--node-lease-duration-seconds=40",
-        ])  # fmt: skip
+        self._spawn(
+            "kube-controller-manager",
+            [
+                "kube-controller-manager",
+                f"--kubeconfig={kubeconfig}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                "--use-service-account-credentials=true",
+                f"--feature-gates={gates}",
+                "--kube-api-qps=1000",
+                "--kube-api-burst=1000",
+                "--concurrent-gc-syncs=20",
+            ],
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                "kube-scheduler",
+                f"--kubeconfig={kubeconfig}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                f"--feature-gates={gates}",
+                "--kube-api-qps=1000",
+                "--kube-api-burst=1000",
+            ],
+        )
+        self._spawn(
+            "kwok",
+            [
+                "kwok",
+                f"--kubeconfig={kubeconfig}",
+                f"--config={self.bin_dir / 'kwok-stages.yaml'}",
+                # Only the fake GPU nodes: e2e/hostlet's node runs its pods for real.
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                f"--server-address=127.0.0.1:{free_port()}",
+                "--node-ip=127.0.0.1",
+                "--node-lease-duration-seconds=40",
+            ],
+        )
         self.kubectl("apply", "-f", "-", input=self.render_nodes())
         self._wait(
             "default ServiceAccount",
@@ -297,19 +384,32 @@ class LocalCluster:
                 "pods": str(self.nodes.pods),
                 "nvidia.com/gpu": str(self.nodes.gpus),
             }
-            items.append({
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": f"kwok-gpu-{i}", "annotations": {"kwok.x-k8s.io/node": "fake"},
-                             "labels": {"type": "kwok", "kubernetes.io/hostname": f"kwok-gpu-{i}",
-                                        "nvidia.com/gpu.present": "true"}},
-                "status": {"capacity": capacity, "allocatable": capacity},
-            })  # fmt: skip
+            items.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {
+                        "name": f"kwok-gpu-{i}",
+                        "annotations": {"kwok.x-k8s.io/node": "fake"},
+                        "labels": {
+                            "type": "kwok",
+                            "kubernetes.io/hostname": f"kwok-gpu-{i}",
+                            "nvidia.com/gpu.present": "true",
+                        },
+                    },
+                    "status": {"capacity": capacity, "allocatable": capacity},
+                }
+            )
         return json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
 
     def _nodes_ready(self) -> bool:
-        out = self.kubectl("get", "nodes", "-o",
-                           "jsonpath={range .items[*]}{.status.conditions[?(@.type=='Ready')].status} {end}",
-                           check=False).stdout.split()  # fmt: skip
+        out = self.kubectl(
+            "get",
+            "nodes",
+            "-o",
+            "jsonpath={range .items[*]}{.status.conditions[?(@.type=='Ready')].status} {end}",
+            check=False,
+        ).stdout.split()
         return len(out) == self.nodes.count and all(s == "True" for s in out)
 
     def stop(self) -> None:

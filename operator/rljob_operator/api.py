@@ -14,17 +14,6 @@ from rljob.config import ApiModel
 
 Phase = Literal["Pending", "Queued", "Initializing", "Running", "Succeeded", "Failed", "Suspended"]
 
-CONDITION_TYPES = (
-    "Ready",
-    "TrainersReady",
-    "RolloutReady",
-    "WeightStoreReady",
-    "MetricsAvailable",
-    "Progressing",
-    "Complete",
-    "Failed",
-)
-
 
 class Condition(ApiModel):
     """One observation about the job, in the `metav1.Condition` shape."""

@@ -28,16 +28,21 @@ pytestmark = pytest.mark.integration
 
 
 def _job(model_dir: str) -> RLJob:
-    return RLJob.model_validate({
-        "metadata": {"name": "t", "namespace": "ns"},
-        "spec": {
-            "model": {"name": model_dir, "dtype": "float32"},
-            "data": {"trainPath": str(hotpotqa_file("train.jsonl")), "evalPath": str(hotpotqa_file("dev.jsonl")),
-                     "maxTrainQuestions": 40},
-            "agent": {"maxTurns": 2, "maxNewTokensPerTurn": 16, "maxTotalTokens": 800},
-            "rollout": {"batchSize": 2},
-        },
-    })  # fmt: skip
+    return RLJob.model_validate(
+        {
+            "metadata": {"name": "t", "namespace": "ns"},
+            "spec": {
+                "model": {"name": model_dir, "dtype": "float32"},
+                "data": {
+                    "trainPath": str(hotpotqa_file("train.jsonl")),
+                    "evalPath": str(hotpotqa_file("dev.jsonl")),
+                    "maxTrainQuestions": 40,
+                },
+                "agent": {"maxTurns": 2, "maxNewTokensPerTurn": 16, "maxTotalTokens": 800},
+                "rollout": {"batchSize": 2},
+            },
+        }
+    )
 
 
 def _enqueue(client, keys: JobKeys, questions, group_size: int, eval_count: int) -> list[str]:
@@ -47,9 +52,15 @@ def _enqueue(client, keys: JobKeys, questions, group_size: int, eval_count: int)
     with client.pipeline(transaction=True) as pipe:
         for i, q in enumerate(questions):
             is_eval = i < eval_count
-            req = PromptRequest(request_id=f"{'e' if is_eval else 's'}{i}", step=0, question_id=q.id,
-                                question=q.question, answers=q.answers, group_size=group_size,
-                                greedy=is_eval)  # fmt: skip
+            req = PromptRequest(
+                request_id=f"{'e' if is_eval else 's'}{i}",
+                step=0,
+                question_id=q.id,
+                question=q.question,
+                answers=q.answers,
+                group_size=group_size,
+                greedy=is_eval,
+            )
             pipe.xadd(keys.eval_prompts if is_eval else keys.prompts, {"data": req.model_dump_json()})
             ids.append(req.request_id)
         pipe.execute()
@@ -80,9 +91,20 @@ def test_in_process_worker_dedupes_and_stops(redis_server, redis_client) -> None
     again = PromptRequest(request_id="s1", step=0, question_id="x", question="dup?", answers=["a"], group_size=2)
     stop = threading.Event()
     result = {}
-    thread = threading.Thread(target=lambda: result.update(s=run_rollout_worker(
-        job, redis_server.url, "w0", stop, engine=engine, retriever=Retriever.from_questions(questions),
-        heartbeat_seconds=0.2, block_ms=100)))  # fmt: skip
+    thread = threading.Thread(
+        target=lambda: result.update(
+            s=run_rollout_worker(
+                job,
+                redis_server.url,
+                "w0",
+                stop,
+                engine=engine,
+                retriever=Retriever.from_questions(questions),
+                heartbeat_seconds=0.2,
+                block_ms=100,
+            )
+        )
+    )
     thread.start()
     deadline = time.monotonic() + 60
     while redis_client.xlen(keys.trajectories) < 2 and time.monotonic() < deadline:
@@ -119,9 +141,20 @@ def test_prompts_read_as_the_worker_stops_are_handed_back_not_served(redis_serve
     keys = JobKeys("ns", "t")
     stop = threading.Event()
     result = {}
-    thread = threading.Thread(target=lambda: result.update(s=run_rollout_worker(
-        _job("unused"), redis_server.url, "w0", stop, engine=engine, retriever=Retriever.from_questions(questions),
-        heartbeat_seconds=0.2, block_ms=3000)))  # fmt: skip
+    thread = threading.Thread(
+        target=lambda: result.update(
+            s=run_rollout_worker(
+                _job("unused"),
+                redis_server.url,
+                "w0",
+                stop,
+                engine=engine,
+                retriever=Retriever.from_questions(questions),
+                heartbeat_seconds=0.2,
+                block_ms=3000,
+            )
+        )
+    )
     thread.start()
     deadline = time.monotonic() + 30
     while not any(c.get("cmd") == "xread" for c in redis_client.client_list()):  # blocked in its read
@@ -148,9 +181,23 @@ def test_two_workers_one_killed_mid_batch(redis_server, redis_client, tmp_path) 
     ids = _enqueue(redis_client, keys, questions[:8], group_size=2, eval_count=2)
 
     def spawn(worker_id: str) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "support.rollout_worker", "--job", str(job_path), "--redis-url", redis_server.url,
-               "--worker-id", worker_id, "--claim-min-idle-ms", "1500", "--heartbeat-seconds", "0.3",
-               "--threads", "1"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "support.rollout_worker",
+            "--job",
+            str(job_path),
+            "--redis-url",
+            redis_server.url,
+            "--worker-id",
+            worker_id,
+            "--claim-min-idle-ms",
+            "1500",
+            "--heartbeat-seconds",
+            "0.3",
+            "--threads",
+            "1",
+        ]
         return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"{worker_id}.log", "wb"))
 
     # The victim starts alone so it surely holds work. It is frozen (SIGSTOP) before we read what
@@ -221,9 +268,20 @@ def test_a_worker_rides_out_a_redis_restart(redis_server, redis_client) -> None:
     keys = JobKeys("ns", "t")
     before = _enqueue(redis_client, keys, questions[:2], group_size=2, eval_count=0)
     stop, result = threading.Event(), {}
-    thread = threading.Thread(target=lambda: result.update(s=run_rollout_worker(
-        _job("unused"), redis_server.url, "w0", stop, engine=engine, retriever=Retriever.from_questions(questions),
-        heartbeat_seconds=0.2, block_ms=100)))  # fmt: skip
+    thread = threading.Thread(
+        target=lambda: result.update(
+            s=run_rollout_worker(
+                _job("unused"),
+                redis_server.url,
+                "w0",
+                stop,
+                engine=engine,
+                retriever=Retriever.from_questions(questions),
+                heartbeat_seconds=0.2,
+                block_ms=100,
+            )
+        )
+    )
     thread.start()
     try:
         deadline = time.monotonic() + 60
@@ -237,8 +295,9 @@ def test_a_worker_rides_out_a_redis_restart(redis_server, redis_client) -> None:
         client.config_set("appendfsync", "always")
         after = [f"after-{i}" for i in range(2)]
         for request_id, q in zip(after, questions[2:4], strict=True):
-            req = PromptRequest(request_id=request_id, step=0, question_id=q.id, question=q.question,
-                                answers=q.answers, group_size=2)  # fmt: skip
+            req = PromptRequest(
+                request_id=request_id, step=0, question_id=q.id, question=q.question, answers=q.answers, group_size=2
+            )
             client.xadd(keys.prompts, {"data": req.model_dump_json()})
         deadline = time.monotonic() + 60
         while len(_groups(client, keys.trajectories)) < len(before) + len(after):

@@ -26,16 +26,33 @@ KEYS = JobKeys("ns", "retention")
 
 
 def _request(request_id: str, step: int = 0, greedy: bool = False) -> PromptRequest:
-    return PromptRequest(request_id=request_id, step=step, question_id="q", question="who?", answers=["a"],
-                         group_size=1 if greedy else 4, greedy=greedy)  # fmt: skip
+    return PromptRequest(
+        request_id=request_id,
+        step=step,
+        question_id="q",
+        question="who?",
+        answers=["a"],
+        group_size=1 if greedy else 4,
+        greedy=greedy,
+    )
 
 
 def _group(req: PromptRequest, worker: str = "w", tokens: int = 256) -> TrajectoryGroup:
     """A group about the size of a real one (a few tens of kB of JSON)."""
-    traj = Trajectory(token_ids=list(range(tokens)), prompt_length=64, loss_mask=[0] * 64 + [1] * (tokens - 64),
-                      behaviour_logprobs=[0.0] * 64 + [-0.123456789] * (tokens - 64), policy_version=0)  # fmt: skip
-    return TrajectoryGroup(request_id=req.request_id, step=req.step, question_id=req.question_id, worker_id=worker,
-                           trajectories=[traj] * req.group_size)  # fmt: skip
+    traj = Trajectory(
+        token_ids=list(range(tokens)),
+        prompt_length=64,
+        loss_mask=[0] * 64 + [1] * (tokens - 64),
+        behaviour_logprobs=[0.0] * 64 + [-0.123456789] * (tokens - 64),
+        policy_version=0,
+    )
+    return TrajectoryGroup(
+        request_id=req.request_id,
+        step=req.step,
+        question_id=req.question_id,
+        worker_id=worker,
+        trajectories=[traj] * req.group_size,
+    )
 
 
 def _serve(url: str, worker: str, stop: threading.Event, errors: list[BaseException]) -> None:
@@ -370,8 +387,9 @@ def test_late_and_unknown_groups_and_timed_out_eval_rounds_leave_nothing_in_the_
     late = rollout.HeldPrompt(KEYS.prompts, "0-1", b"", req)  # its prompt is long gone
     assert rollout.publish_group(redis_client, KEYS, late, _group(req))  # the slow worker's copy
     earlier_run = _request("s1-q0-r7-x", step=1)
-    assert rollout.publish_group(redis_client, KEYS, rollout.HeldPrompt(KEYS.prompts, "0-2", b"", earlier_run),
-                                 _group(earlier_run))  # fmt: skip
+    assert rollout.publish_group(
+        redis_client, KEYS, rollout.HeldPrompt(KEYS.prompts, "0-2", b"", earlier_run), _group(earlier_run)
+    )
     train(_request("s1-q0", step=1))  # reads both on the way
     assert redis_client.smembers(KEYS.rollout_done) == set()
 

@@ -26,17 +26,36 @@ def _job(model_dir: Path, total_steps: int, lag: int = 0) -> RLJob:
             "metadata": {"name": "grpo-it", "namespace": "test"},
             "spec": {
                 "model": {"name": str(model_dir)},
-                "data": {"trainPath": str(hotpotqa_file("train.jsonl")), "evalPath": str(hotpotqa_file("dev.jsonl")),
-                         "maxTrainQuestions": 6, "corpusFrom": "train"},
-                "agent": {"maxTurns": 2, "topK": 1, "maxNewTokensPerTurn": 8, "maxTotalTokens": 1024,
-                          "passageMaxWords": 12, "reward": "f1", "formatReward": 0.2, "searchReward": 0.1},
-                "grpo": {"groupSize": 3, "questionsPerStep": 2, "learningRate": 1e-3, "microBatchSize": 4,
-                         "totalSteps": total_steps, "checkpointInterval": 2, "maxPolicyLag": lag},
+                "data": {
+                    "trainPath": str(hotpotqa_file("train.jsonl")),
+                    "evalPath": str(hotpotqa_file("dev.jsonl")),
+                    "maxTrainQuestions": 6,
+                    "corpusFrom": "train",
+                },
+                "agent": {
+                    "maxTurns": 2,
+                    "topK": 1,
+                    "maxNewTokensPerTurn": 8,
+                    "maxTotalTokens": 1024,
+                    "passageMaxWords": 12,
+                    "reward": "f1",
+                    "formatReward": 0.2,
+                    "searchReward": 0.1,
+                },
+                "grpo": {
+                    "groupSize": 3,
+                    "questionsPerStep": 2,
+                    "learningRate": 1e-3,
+                    "microBatchSize": 4,
+                    "totalSteps": total_steps,
+                    "checkpointInterval": 2,
+                    "maxPolicyLag": lag,
+                },
                 "eval": {"interval": 2, "questions": 2},
                 "weightSync": {"chunkBytes": 65536},
             },
         }
-    )  # fmt: skip
+    )
 
 
 def _start_responder(
@@ -220,9 +239,11 @@ def test_policy_lag_pipelines_prompts_ahead(
     retriever, _, _ = build_retriever_for_spec(job.spec.data)
     stop = threading.Event()
     worker = threading.Thread(
-        target=run_rollout_worker, args=(job, redis_server.url, "it-worker", stop),
-        kwargs={"engine": engine, "retriever": retriever, "block_ms": 100, "heartbeat_seconds": 1.0}, daemon=True,
-    )  # fmt: skip
+        target=run_rollout_worker,
+        args=(job, redis_server.url, "it-worker", stop),
+        kwargs={"engine": engine, "retriever": retriever, "block_ms": 100, "heartbeat_seconds": 1.0},
+        daemon=True,
+    )
     worker.start()
     try:
         run_trainer(job, redis_server.url, str(tmp_path / "ckpt"), progress=False)

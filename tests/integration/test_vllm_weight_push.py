@@ -31,9 +31,14 @@ transformers = pytest.importorskip("transformers")
 def tiny_llama(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=64, tie_word_embeddings=True,
-    )  # fmt: skip
+        vocab_size=128,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        tie_word_embeddings=True,
+    )
     return transformers.LlamaForCausalLM(config)
 
 

@@ -17,8 +17,11 @@ REPO = Path(__file__).resolve().parents[2]
 def run_benchmark(script: str, *args: str) -> dict:
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / script), *args],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])  # the JSON summary is the last line
 
@@ -55,8 +58,20 @@ def test_compare_revisions_runs_a_base_and_this_checkout_in_turns(tmp_path, same
     temporary worktree is gone afterwards."""
     worktrees = subprocess.run(["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True).stdout
     flags = ["--same-script"] if same_script else []
-    summary = run_benchmark("compare_revisions.py", "--base", "HEAD", "--pairs", "1", "--out", str(tmp_path / "ab"),
-                            *flags, "--", "--quick", "--weights", "random")  # fmt: skip
+    summary = run_benchmark(
+        "compare_revisions.py",
+        "--base",
+        "HEAD",
+        "--pairs",
+        "1",
+        "--out",
+        str(tmp_path / "ab"),
+        *flags,
+        "--",
+        "--quick",
+        "--weights",
+        "random",
+    )
     assert summary["pairs"] == 1 and summary["bench_args"] == ["--quick", "--weights", "random"]
     assert summary["same_script"] is same_script
     table = json.loads((tmp_path / "ab.json").read_text())["table"]

@@ -36,9 +36,14 @@ def tiny_llama(seed: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module
     """A tiny Llama with tied embeddings, the shape of SmolLM2 (lm_head shares embed_tokens)."""
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(
-        vocab_size=256, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=64, tie_word_embeddings=True,
-    )  # fmt: skip
+        vocab_size=256,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        tie_word_embeddings=True,
+    )
     return transformers.LlamaForCausalLM(config).to(dtype)
 
 

@@ -40,9 +40,13 @@ def test_sample_is_package_data_of_the_documented_size(monkeypatch) -> None:
 def test_bundled_paths_resolve_to_the_package_sample(monkeypatch) -> None:
     monkeypatch.delenv("RLJOB_DATA_DIR", raising=False)
     job = RLJob.model_validate(
-        {"spec": {"model": {"name": "HuggingFaceTB/SmolLM2-135M-Instruct"},
-                  "data": {"trainPath": "bundled:train.jsonl", "evalPath": "bundled:dev.jsonl"}}}
-    )  # fmt: skip
+        {
+            "spec": {
+                "model": {"name": "HuggingFaceTB/SmolLM2-135M-Instruct"},
+                "data": {"trainPath": "bundled:train.jsonl", "evalPath": "bundled:dev.jsonl"},
+            }
+        }
+    )
     data = resolve_bundled(job).spec.data
     assert Path(data.eval_path) == SAMPLE_DIR / "dev.jsonl.gz"
     assert load_questions(data.eval_path)[0].id == _first_id(SAMPLE_DIR / "dev.jsonl.gz")
@@ -80,16 +84,26 @@ def test_wheel_carries_the_sample(tmp_path) -> None:
     for folder in ("workers", "operator"):
         shutil.copytree(REPO / folder, src / folder, ignore=ignore)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RLJOB_DATA_DIR")}
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(src)],
-                   check=True, env=env, cwd=tmp_path)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(src)],
+        check=True,
+        env=env,
+        cwd=tmp_path,
+    )
     wheel = next((tmp_path / "dist").glob("rljob-*.whl"))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, env=env)
     python = venv / "bin" / "python"
-    site = Path(subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                        text=True, env=env).strip())  # fmt: skip
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q",
-                    str(wheel)], check=True, env=env)  # fmt: skip
+    site = Path(
+        subprocess.check_output(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True, env=env
+        ).strip()
+    )
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)],
+        check=True,
+        env=env,
+    )
     # rljob's own dependencies (pydantic, PyYAML) from this venv, after the wheel on the path. A
     # path in a .pth file does not run that folder's own .pth files, so this venv's editable rljob
     # stays out of sight.

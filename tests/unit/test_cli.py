@@ -158,8 +158,18 @@ def test_eval_with_good_input_reaches_the_evaluation(
     (tmp_path / "q.jsonl").write_text(json.dumps(QUESTION) + "\n")
     seen: list[Any] = []
     monkeypatch.setattr(rljob.evaluate, "evaluate_cli", lambda args: seen.append(args) or 0)
-    argv = ["eval", str(path), "--checkpoint", str(tmp_path / "ckpt"), "--questions", str(tmp_path / "q.jsonl"),
-            "--limit", "3", "--output", str(tmp_path / "out.json")]  # fmt: skip
+    argv = [
+        "eval",
+        str(path),
+        "--checkpoint",
+        str(tmp_path / "ckpt"),
+        "--questions",
+        str(tmp_path / "q.jsonl"),
+        "--limit",
+        "3",
+        "--output",
+        str(tmp_path / "out.json"),
+    ]
     code, err = _run_main(argv, capsys)
     assert code == 0 and len(seen) == 1 and seen[0].limit == 3, err
 
@@ -168,8 +178,10 @@ def test_the_installed_command_prints_no_traceback(tmp_path: Path) -> None:
     """The same path through a real process, as a user or a pod sees it."""
     result = subprocess.run(
         [sys.executable, "-m", "rljob.cli", "eval", str(tmp_path / "nope.yaml")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("rljob eval: ") and "Traceback" not in result.stderr
 

@@ -32,8 +32,12 @@ def test_learning_rate_warms_up_linearly_and_resumes_where_it_was() -> None:
 
 
 def test_refill_prompts_are_deterministic_unique_and_capped() -> None:
-    job = RLJob.model_validate({"metadata": {"name": "k", "namespace": "t"}, "spec": {
-        "grpo": {"questionsPerStep": 4, "groupSize": 2, "dynamicSampling": True, "maxRefillRounds": 2}}})  # fmt: skip
+    job = RLJob.model_validate(
+        {
+            "metadata": {"name": "k", "namespace": "t"},
+            "spec": {"grpo": {"questionsPerStep": 4, "groupSize": 2, "dynamicSampling": True, "maxRefillRounds": 2}},
+        }
+    )
     questions = load_questions(hotpotqa_file("dev.jsonl"), limit=50)
     ids = set()
     for step in range(5):
@@ -48,8 +52,17 @@ def test_refill_prompts_are_deterministic_unique_and_capped() -> None:
 
 
 def _group(rewards: list[float], version: int = 0) -> TrajectoryGroup:
-    trajs = [Trajectory(token_ids=[1, 2], prompt_length=1, loss_mask=[0, 1], behaviour_logprobs=[0.0, -1.0],
-                        policy_version=version, reward=r) for r in rewards]  # fmt: skip
+    trajs = [
+        Trajectory(
+            token_ids=[1, 2],
+            prompt_length=1,
+            loss_mask=[0, 1],
+            behaviour_logprobs=[0.0, -1.0],
+            policy_version=version,
+            reward=r,
+        )
+        for r in rewards
+    ]
     return TrajectoryGroup(request_id="r", step=0, question_id="q", worker_id="w", trajectories=trajs)
 
 

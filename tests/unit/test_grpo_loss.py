@@ -56,8 +56,15 @@ def test_clipped_truncated_surrogate_matches_hand_computation() -> None:
 def test_negative_advantage_clips_below() -> None:
     logp = torch.tensor([[-1.0]], dtype=torch.float64, requires_grad=True)
     prox = torch.tensor([[-0.5]], dtype=torch.float64)  # r = exp(-0.5) = 0.607 < 1 - eps
-    terms = grpo_token_terms(logp, prox, prox, torch.tensor([-1.0], dtype=torch.float64),
-                             torch.ones(1, 1, dtype=torch.bool), clip_epsilon=0.2, ratio_cap=2.0)  # fmt: skip
+    terms = grpo_token_terms(
+        logp,
+        prox,
+        prox,
+        torch.tensor([-1.0], dtype=torch.float64),
+        torch.ones(1, 1, dtype=torch.bool),
+        clip_epsilon=0.2,
+        ratio_cap=2.0,
+    )
     assert terms.loss.item() == pytest.approx(0.8)  # -(1) * min(-0.607, -0.8) = 0.8
     terms.loss.sum().backward()
     assert logp.grad.item() == 0.0
@@ -91,10 +98,18 @@ def test_masked_positions_get_exactly_zero_gradient_through_every_term() -> None
     behaviour = torch.where(mask, logp.detach() + 0.3 * torch.randn(3, 5, dtype=torch.float64), 0.0)
     ref = logp.detach() - 0.2
     terms = grpo_token_terms(
-        logp, logp.detach() + 0.05, behaviour, torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64), mask,
-        clip_epsilon=0.2, ratio_cap=2.0, ref_logp=ref, kl_coef=0.1,
-        entropy=token_entropy(logits), entropy_coef=0.01,
-    )  # fmt: skip
+        logp,
+        logp.detach() + 0.05,
+        behaviour,
+        torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64),
+        mask,
+        clip_epsilon=0.2,
+        ratio_cap=2.0,
+        ref_logp=ref,
+        kl_coef=0.1,
+        entropy=token_entropy(logits),
+        entropy_coef=0.01,
+    )
     aggregate(terms.loss, mask, "token-mean", total_tokens=int(mask.sum()), total_sequences=3).backward()
     grad = logits.grad
     assert torch.isfinite(grad).all()
@@ -105,9 +120,17 @@ def test_masked_positions_get_exactly_zero_gradient_through_every_term() -> None
 def test_kl_term_pulls_towards_reference() -> None:
     logp = torch.tensor([[-0.5]], dtype=torch.float64, requires_grad=True)
     ref = torch.tensor([[-1.0]], dtype=torch.float64)
-    terms = grpo_token_terms(logp, logp.detach(), logp.detach(), torch.zeros(1, dtype=torch.float64),
-                             torch.ones(1, 1, dtype=torch.bool), clip_epsilon=0.2, ratio_cap=2.0,
-                             ref_logp=ref, kl_coef=0.5)  # fmt: skip
+    terms = grpo_token_terms(
+        logp,
+        logp.detach(),
+        logp.detach(),
+        torch.zeros(1, dtype=torch.float64),
+        torch.ones(1, 1, dtype=torch.bool),
+        clip_epsilon=0.2,
+        ratio_cap=2.0,
+        ref_logp=ref,
+        kl_coef=0.5,
+    )
     d = -0.5
     assert terms.loss.item() == pytest.approx(0.5 * (E(d) - d - 1))
     terms.loss.sum().backward()

@@ -15,10 +15,14 @@ from rljob.retrieval import build_retriever_for_spec
 from rljob.warmup.sft import job_demonstrations
 
 RECORD = {
-    "_id": "q1", "question": " Who? ", "answer": "Ann", "type": "bridge", "level": "easy",
+    "_id": "q1",
+    "question": " Who? ",
+    "answer": "Ann",
+    "type": "bridge",
+    "level": "easy",
     "supporting_facts": [["A", 0]],
     "context": [["A", ["First sentence.", " Second one."]], ["B", ["Other."]]],
-}  # fmt: skip
+}
 
 
 def test_jsonl_and_json_array_give_the_same_questions(tmp_path) -> None:
@@ -35,8 +39,12 @@ def test_jsonl_and_json_array_give_the_same_questions(tmp_path) -> None:
 
 
 def test_hub_layout_is_normalised() -> None:
-    hub = {"id": "h", "question": "Q", "answer": "x",
-           "context": {"title": ["T1", "T2"], "sentences": [["a ", "b"], ["c"]]}}  # fmt: skip
+    hub = {
+        "id": "h",
+        "question": "Q",
+        "answer": "x",
+        "context": {"title": ["T1", "T2"], "sentences": [["a ", "b"], ["c"]]},
+    }
     q = parse_question(hub)
     assert q.id == "h" and [(p.title, p.text) for p in q.context] == [("T1", "a b"), ("T2", "c")]
 
@@ -44,8 +52,12 @@ def test_hub_layout_is_normalised() -> None:
 def test_sample_files_and_spec_corpus() -> None:
     dev = load_questions(hotpotqa_file("dev.jsonl"))
     assert len(dev) == 300 and all(q.answers and q.context for q in dev)
-    spec = DataSpec(train_path=str(hotpotqa_file("train.jsonl")), eval_path=str(hotpotqa_file("dev.jsonl")),
-                    max_train_questions=40, corpus_from="train")  # fmt: skip
+    spec = DataSpec(
+        train_path=str(hotpotqa_file("train.jsonl")),
+        eval_path=str(hotpotqa_file("dev.jsonl")),
+        max_train_questions=40,
+        corpus_from="train",
+    )
     train, evaluation = load_questions_for_spec(spec)
     assert len(train) == 40 and len(evaluation) == 300
     retriever, _, _ = build_retriever_for_spec(spec)
@@ -58,8 +70,12 @@ def test_sample_files_and_spec_corpus() -> None:
 def test_extra_eval_questions_join_the_corpus_as_the_eval_set_does(tmp_path, corpus_from: str) -> None:
     """`rljob eval --questions FILE`: under train+eval the file's paragraphs are searchable (its
     questions' evidence was missing from the corpus before); under train they stay held out."""
-    spec = DataSpec(train_path=str(hotpotqa_file("train.jsonl")), eval_path=str(hotpotqa_file("dev.jsonl")),
-                    max_train_questions=20, corpus_from=corpus_from)  # fmt: skip
+    spec = DataSpec(
+        train_path=str(hotpotqa_file("train.jsonl")),
+        eval_path=str(hotpotqa_file("dev.jsonl")),
+        max_train_questions=20,
+        corpus_from=corpus_from,
+    )
     own = {**RECORD, "_id": "own", "context": [["Zyxwv Quokka", ["The quokka zyxwv lives on Rottnest."]]]}
     (tmp_path / "own.jsonl").write_text(json.dumps(own) + "\n")
     extra = load_questions(tmp_path / "own.jsonl")

@@ -27,11 +27,14 @@ def test_split_is_disjoint_deterministic_and_leaves_out_eval_ids() -> None:
 def _job(**spec) -> RLJob:
     base = {
         "model": {"name": "unused"},
-        "data": {"trainPath": str(hotpotqa_file("train.jsonl")), "evalPath": str(hotpotqa_file("dev.jsonl")),
-                 "validationQuestions": 200},
+        "data": {
+            "trainPath": str(hotpotqa_file("train.jsonl")),
+            "evalPath": str(hotpotqa_file("dev.jsonl")),
+            "validationQuestions": 200,
+        },
         "warmup": {"enabled": True, "examples": 48},
         "grpo": {"questionsPerStep": 8, "groupSize": 2},
-    }  # fmt: skip
+    }
     for key, value in spec.items():
         base[key] = {**base.get(key, {}), **value}
     return RLJob.model_validate({"metadata": {"name": "pools", "namespace": "t"}, "spec": base})
@@ -67,8 +70,7 @@ def test_rl_prompts_of_every_epoch_avoid_the_warmup_validation_and_eval_question
 
 def test_training_questions_also_in_the_eval_file_are_in_no_pool(tmp_path) -> None:
     dev = hotpotqa_file("dev.jsonl")
-    job = _job(data={"trainPath": str(dev), "evalPath": str(dev), "validationQuestions": 0},
-               warmup={"enabled": False})  # fmt: skip
+    job = _job(data={"trainPath": str(dev), "evalPath": str(dev), "validationQuestions": 0}, warmup={"enabled": False})
     with pytest.raises(ValueError, match="leaving none for RL"):
         load_questions(job)
 

@@ -147,8 +147,7 @@ def test_a_last_turn_that_spends_the_token_budget_ends_as_length(corpus_and_toke
             def generate(self, contexts, params: TurnParams):
                 self.calls.append((len(contexts), params))
                 ids = self.tokenizer.encode(rambling, add_special_tokens=False)
-                return [Completion(ids[:n], [-0.5] * len(ids[:n]), "", "length")
-                        for n in params.max_new_tokens]  # fmt: skip
+                return [Completion(ids[:n], [-0.5] * len(ids[:n]), "", "length") for n in params.max_new_tokens]
 
         [ep] = run_episodes(Rambling(tokenizer, []), retriever, [(q.question, q.answers)], spec)
         assert len(ep.token_ids) == spec.max_total_tokens

@@ -41,12 +41,19 @@ def test_engine_and_trainer_agree_on_smollm2(spec_dtype: str) -> None:
         for i in range(4):
             ctx, out = contexts[4 * g + i], outs[4 * g + i]
             mask = [0] * len(ctx) + [1] * len(out.token_ids)
-            trajs.append(Trajectory(
-                token_ids=ctx + out.token_ids, prompt_length=len(ctx), loss_mask=mask,
-                behaviour_logprobs=[0.0] * len(ctx) + out.logprobs, policy_version=0, reward=float(i % 2),
-            ))  # fmt: skip
-        groups.append(TrajectoryGroup(request_id=f"r{g}", step=0, question_id=f"q{g}", worker_id="w",
-                                      trajectories=trajs))  # fmt: skip
+            trajs.append(
+                Trajectory(
+                    token_ids=ctx + out.token_ids,
+                    prompt_length=len(ctx),
+                    loss_mask=mask,
+                    behaviour_logprobs=[0.0] * len(ctx) + out.logprobs,
+                    policy_version=0,
+                    reward=float(i % 2),
+                )
+            )
+        groups.append(
+            TrajectoryGroup(request_id=f"r{g}", step=0, question_id=f"q{g}", worker_id="w", trajectories=trajs)
+        )
     grpo = GRPOSpec(group_size=4, questions_per_step=2)
     trainer = GRPOTrainer(load_policy(spec), None, grpo, temperature=TEMPERATURE, compute_dtype=dtype)
     stats = trainer.train_step(groups, 0)

@@ -10,8 +10,14 @@ from rljob.config import RLJob
 def _eval(em: list[float]) -> dict:
     rows = [{"id": f"q{i}", "em": e, "f1": e} for i, e in enumerate(em)]
     n = len(rows)
-    return {"exact_match": sum(em) / n, "f1": sum(em) / n, "format_rate": 1.0, "searches_per_question": 1.0,
-            "questions": n, "per_question": rows}  # fmt: skip
+    return {
+        "exact_match": sum(em) / n,
+        "f1": sum(em) / n,
+        "format_rate": 1.0,
+        "searches_per_question": 1.0,
+        "questions": n,
+        "per_question": rows,
+    }
 
 
 def test_lines_separate_the_warmup_from_rl_and_show_the_reward_trend() -> None:

@@ -255,8 +255,9 @@ def test_a_held_pass_keeps_everything_but_says_why_in_ready() -> None:
         rollout={"status": {"readyReplicas": 3}},
         redis={"status": {"readyReplicas": 1}},
     )
-    running = compute_status(job, 2, RLJobStatus(), obs, decide_trainer(job, RLJobStatus(), obs, NOW, backoff), 3,
-                             None, None, NOW)  # fmt: skip
+    running = compute_status(
+        job, 2, RLJobStatus(), obs, decide_trainer(job, RLJobStatus(), obs, NOW, backoff), 3, None, None, NOW
+    )
     held = held_status(running, 3, "ApplyRejected", "Deployment j-rollout: denied by policy", NOW + 1)
     assert held.phase == "Running" and held.observed_generation == 2
     ready = cond(held, "Ready")
@@ -284,8 +285,9 @@ def test_invalid_spec_message_names_the_field_once() -> None:
         message = invalid_spec_message(exc)
     assert message.startswith("spec.weightSync.redis.externalUrl: ") and "spec.spec" not in message
     assert "Port out of range" in message
-    failed = compute_status(make(), 1, RLJobStatus(), Observed(), TrainerDecision("fail", "InvalidSpec", message), 0,
-                            None, None, NOW)  # fmt: skip
+    failed = compute_status(
+        make(), 1, RLJobStatus(), Observed(), TrainerDecision("fail", "InvalidSpec", message), 0, None, None, NOW
+    )
     assert failed.phase == "Failed" and failed_reason(failed) == "InvalidSpec"
 
 
@@ -355,8 +357,10 @@ def test_idle_scaled_to_zero_is_ready_when_min_replicas_is_zero() -> None:
 def test_a_finished_job_reports_its_rollouts_going_to_zero() -> None:
     # The completing pass read one ready worker before scaling to zero; later passes of the
     # finished job follow the Deployment down instead of showing "1/0" forever.
-    obs = Observed(trainer_job=trainer_job(make(), conditions=[{"type": "Complete", "status": "True"}]),
-                   rollout={"spec": {"replicas": 1}, "status": {"readyReplicas": 1}})  # fmt: skip
+    obs = Observed(
+        trainer_job=trainer_job(make(), conditions=[{"type": "Complete", "status": "True"}]),
+        rollout={"spec": {"replicas": 1}, "status": {"readyReplicas": 1}},
+    )
     done = compute_status(make(), 1, RLJobStatus(), obs, TrainerDecision("succeeded"), 0, None, None, NOW)
     assert (done.phase, done.rollouts) == ("Succeeded", "1/0")
     draining = finished_rollouts(done, {"spec": {"replicas": 0}, "status": {"readyReplicas": 1}})

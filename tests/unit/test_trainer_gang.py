@@ -70,10 +70,24 @@ def test_resume_from_checkpoint_is_bit_identical(tmp_path: Path) -> None:
     assert half["version"] == 2 and (ckpt / "step-00000002").is_dir()
     # the second half in a fresh process, from the checkpoint alone
     result = subprocess.run(
-        [sys.executable, "-m", "support.toy", "--threads", "1", "--steps", "4",
-         "--checkpoint-dir", str(ckpt), "--out", str(tmp_path / "resumed.pt")],
-        env=_env(), capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "support.toy",
+            "--threads",
+            "1",
+            "--steps",
+            "4",
+            "--checkpoint-dir",
+            str(ckpt),
+            "--out",
+            str(tmp_path / "resumed.pt"),
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     resumed = torch.load(tmp_path / "resumed.pt", weights_only=False)
     assert resumed["version"] == 4
@@ -87,8 +101,9 @@ def test_a_dead_member_fails_the_survivor_loudly(tmp_path: Path) -> None:
     port = str(free_port())
     procs = []
     for rank in range(2):
-        env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2", RANK=str(rank),
-                   RLJOB_COLLECTIVE_TIMEOUT="30")  # fmt: skip
+        env = _env(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2", RANK=str(rank), RLJOB_COLLECTIVE_TIMEOUT="30"
+        )
         cmd = _toy_cmd("--steps", "10000")
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     survivor, victim = procs

@@ -99,8 +99,14 @@ def _main() -> None:
 
 def _start(rank: int, port: int, directory: Path, out: Path, *extra: str, timeout_s: str = "300") -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in {"RANK", "WORLD_SIZE", "JOB_COMPLETION_INDEX"}}
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
-               RLJOB_COLLECTIVE_TIMEOUT=timeout_s, OMP_NUM_THREADS="1")  # fmt: skip
+    env.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE="2",
+        RANK=str(rank),
+        RLJOB_COLLECTIVE_TIMEOUT=timeout_s,
+        OMP_NUM_THREADS="1",
+    )
     cmd = [sys.executable, __file__, "--dir", str(directory), "--out", str(out), *extra]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

@@ -24,9 +24,16 @@ def _ragged_groups():
     """Toy groups whose trajectories are cut to different lengths (so micro-batches pad)."""
     gen = torch.Generator().manual_seed(4)
     groups = sample_toy_groups(
-        tiny_causal_lm(32, seed=1), step=0, questions=3, group_size=4, policy_version=0, generator=gen,
-        prompt_length=PROMPT, new_tokens=(6, 9), injected=(3, 4, 7),
-    )  # fmt: skip
+        tiny_causal_lm(32, seed=1),
+        step=0,
+        questions=3,
+        group_size=4,
+        policy_version=0,
+        generator=gen,
+        prompt_length=PROMPT,
+        new_tokens=(6, 9),
+        injected=(3, 4, 7),
+    )
     for g in groups:
         for i, t in enumerate(g.trajectories):
             cut = len(t.token_ids) - 2 * i
@@ -47,9 +54,16 @@ def _full_vocab_gradient(model, groups, spec: GRPOSpec) -> torch.Tensor:
     logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1] / TEMPERATURE
     logp = token_logprobs(logits, mb.targets)
     terms = grpo_token_terms(
-        logp, logp.detach(), mb.behaviour_logp, mb.advantages, mb.mask, clip_epsilon=spec.clip_epsilon,
-        ratio_cap=spec.importance_ratio_cap, entropy=token_entropy(logits), entropy_coef=spec.entropy_coef,
-    )  # fmt: skip
+        logp,
+        logp.detach(),
+        mb.behaviour_logp,
+        mb.advantages,
+        mb.mask,
+        clip_epsilon=spec.clip_epsilon,
+        ratio_cap=spec.importance_ratio_cap,
+        entropy=token_entropy(logits),
+        entropy_coef=spec.entropy_coef,
+    )
     tokens = sum(s.num_loss_tokens for s in samples.samples)
     aggregate(
         terms.loss, mb.mask, spec.loss_aggregation, total_tokens=tokens, total_sequences=len(samples.samples)

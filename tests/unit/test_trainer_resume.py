@@ -79,10 +79,20 @@ VOCAB = 32
 
 
 def _job(warmup: bool = True) -> RLJob:
-    return RLJob.model_validate({"spec": {
-        "grpo": {"klCoef": 0.1, "groupSize": 4, "questionsPerStep": 2, "learningRate": 1e-2, "microBatchSize": 8},
-        "warmup": {"enabled": warmup},
-    }})  # fmt: skip
+    return RLJob.model_validate(
+        {
+            "spec": {
+                "grpo": {
+                    "klCoef": 0.1,
+                    "groupSize": 4,
+                    "questionsPerStep": 2,
+                    "learningRate": 1e-2,
+                    "microBatchSize": 8,
+                },
+                "warmup": {"enabled": warmup},
+            }
+        }
+    )
 
 
 def _base() -> torch.nn.Module:
@@ -122,9 +132,14 @@ def fake_startup(monkeypatch):
 
 def _train_one_step(trainer) -> None:
     groups = sample_toy_groups(
-        trainer.model, step=0, questions=2, group_size=4, policy_version=0,
-        generator=torch.Generator().manual_seed(0), target_tokens=(5,),
-    )  # fmt: skip
+        trainer.model,
+        step=0,
+        questions=2,
+        group_size=4,
+        policy_version=0,
+        generator=torch.Generator().manual_seed(0),
+        target_tokens=(5,),
+    )
     for g in groups:  # every group informative
         for i, t in enumerate(g.trajectories):
             t.reward = float(i % 2) + 0.1 * i

@@ -150,8 +150,15 @@ def test_greedy_rollouts_are_refused_by_the_api_and_the_trainer() -> None:
 def _llama_with_attention_dropout() -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.3)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=32,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attention_dropout=0.3,
+    )
     return LlamaForCausalLM(config)
 
 

@@ -120,8 +120,13 @@ def test_sft_lowers_the_loss_and_changes_weights(setup):
     demos, _ = build_demonstrations(records, tokenizer, retriever, SHORT, limit=4)
     model = tiny_random_model(tokenizer)
     before = [p.detach().clone() for p in model.parameters()]
-    result = run_sft(model, demos, WarmupSpec(epochs=12, learning_rate=1e-2, batch_size=4),
-                     pad_token_id=tokenizer.pad_token_id, progress=False)  # fmt: skip
+    result = run_sft(
+        model,
+        demos,
+        WarmupSpec(epochs=12, learning_rate=1e-2, batch_size=4),
+        pad_token_id=tokenizer.pad_token_id,
+        progress=False,
+    )
     assert result.steps == 12 and result.examples == 4
     assert result.last_loss < 0.8 * result.first_loss
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
@@ -139,14 +144,28 @@ def test_warmup_is_off_by_default_and_configurable():
 def tiny_job(tmp_path_factory) -> RLJob:
     texts = [q["question"] for q in load_records(hotpotqa_file("train.jsonl"), limit=30)]
     model_dir = save_tiny_model(tmp_path_factory.mktemp("warm") / "model", [*texts, "<think> </think> <search>"], 400)
-    return RLJob.model_validate({"spec": {
-        "model": {"name": str(model_dir)},
-        "data": {"trainPath": str(hotpotqa_file("train.jsonl")), "evalPath": str(hotpotqa_file("dev.jsonl")),
-                 "maxTrainQuestions": 30, "corpusFrom": "train"},
-        "agent": {"maxTurns": 3, "topK": 1, "maxNewTokensPerTurn": 256, "maxTotalTokens": 2048, "passageMaxWords": 12},
-        "grpo": {"klCoef": 0.1},
-        "warmup": {"enabled": True, "examples": 4, "batchSize": 2, "learningRate": 1e-3, "questionPool": 20},
-    }})  # fmt: skip
+    return RLJob.model_validate(
+        {
+            "spec": {
+                "model": {"name": str(model_dir)},
+                "data": {
+                    "trainPath": str(hotpotqa_file("train.jsonl")),
+                    "evalPath": str(hotpotqa_file("dev.jsonl")),
+                    "maxTrainQuestions": 30,
+                    "corpusFrom": "train",
+                },
+                "agent": {
+                    "maxTurns": 3,
+                    "topK": 1,
+                    "maxNewTokensPerTurn": 256,
+                    "maxTotalTokens": 2048,
+                    "passageMaxWords": 12,
+                },
+                "grpo": {"klCoef": 0.1},
+                "warmup": {"enabled": True, "examples": 4, "batchSize": 2, "learningRate": 1e-3, "questionPool": 20},
+            }
+        }
+    )
 
 
 def test_warmup_for_job_uses_only_train_questions(tiny_job):

@@ -128,8 +128,9 @@ def test_threads_do_not_change_the_published_bytes(redis_client):
     payloads = {}
     for threads in (1, 4):
         keys = JobKeys("test", f"threads{threads}")
-        publisher = WeightPublisher(redis_client, keys, rebase_interval=100, rebase_fraction=4.0,
-                                    chunk_bytes=4096, threads=threads)  # fmt: skip
+        publisher = WeightPublisher(
+            redis_client, keys, rebase_interval=100, rebase_fraction=4.0, chunk_bytes=4096, threads=threads
+        )
         current = {n: t.clone() for n, t in weights.items()}
         gen = torch.Generator().manual_seed(1)
         shadow: dict[str, torch.Tensor] = {}
@@ -143,10 +144,12 @@ def test_threads_do_not_change_the_published_bytes(redis_client):
                 t.add_(torch.randn(t.shape, generator=gen) * 0.02)
         manifests = store.read_manifests(redis_client, keys, store.committed_versions(redis_client, keys))
         payloads[threads] = [
-            ([e.model_dump(exclude={"checksum"}) | {"c": e.checksum} for e in m.tensors],
-             store.read_payload(redis_client, m))
+            (
+                [e.model_dump(exclude={"checksum"}) | {"c": e.checksum} for e in m.tensors],
+                store.read_payload(redis_client, m),
+            )
             for m, _ in manifests
-        ]  # fmt: skip
+        ]
         publisher.close()
         reader.close()
     assert payloads[1] == payloads[4]
