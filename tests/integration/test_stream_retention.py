@@ -239,6 +239,53 @@ def test_a_group_whose_delivery_reply_was_lost_is_read_back(redis_client) -> Non
     assert redis_client.xlen(KEYS.trajectories) == 0
 
 
+def test_a_prompt_redis_lost_in_a_restart_is_enqueued_again(redis_server, redis_client) -> None:
+    """With appendfsync everysec a crash loses the last second of writes: the prompts just enqueued
+    may be gone. The step's wait notices (neither queued nor answered) and enqueues them again."""
+    rollout.ensure_groups(redis_client, KEYS)
+    collector = TrajectoryCollector(redis_client, KEYS, block_ms=50, lost_check_s=0.2)
+    reqs = [_request("s0"), _request("s1")]
+    collector.expect(reqs)
+    enqueue_prompts(redis_client, KEYS.prompts, reqs)
+    lost = redis_client.xrange(KEYS.prompts)[1][0]
+    redis_client.xdel(KEYS.prompts, lost)  # what Redis holds after losing that XADD
+    stop, errors = threading.Event(), []
+    worker = threading.Thread(target=_serve, args=(redis_server.url, "w", stop, errors))
+    worker.start()
+    try:
+        groups, entry_ids = collector.collect(0, ["s0", "s1"], timeout_s=10)
+    finally:
+        stop.set()
+        worker.join(timeout=30)
+    assert not errors, errors
+    assert [g.request_id for g in groups] == ["s0", "s1"]
+    collector.ack(entry_ids, done=["s0", "s1"])
+    assert _lengths(redis_client) == {"prompts": 0, "eval:prompts": 0, "trajectories": 0, "eval:results": 0}
+
+
+def test_an_eval_prompt_redis_lost_in_a_restart_is_enqueued_again(redis_server, redis_client) -> None:
+    rollout.ensure_groups(redis_client, KEYS)
+    stop, errors, workers = threading.Event(), [], []
+
+    def lose_then_serve() -> None:  # the round's prompt is gone before any worker saw it
+        if not workers:
+            redis_client.xdel(KEYS.eval_prompts, *[entry_id for entry_id, _ in redis_client.xrange(KEYS.eval_prompts)])
+            workers.append(threading.Thread(target=_serve, args=(redis_server.url, "w", stop, errors)))
+            workers[0].start()
+
+    try:
+        request = _request("eval-0", -1, greedy=True)
+        got = eval_round(
+            redis_client, KEYS, [request], timeout_s=10, block_ms=50, on_wait=lose_then_serve, lost_check_s=0.2
+        )
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=30)
+    assert not errors, errors
+    assert [g.request_id for g in got] == ["eval-0"]
+
+
 def _answered_unparsably(redis_client) -> tuple[TrajectoryCollector, PromptRequest]:
     """A trainer expecting one request that a worker answered with a group it cannot parse, after
     its first collect (which re-enqueues the prompt and times out)."""

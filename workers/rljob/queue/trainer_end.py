@@ -9,10 +9,15 @@ Retention: every trajectory entry is deleted in the transaction that acknowledge
 results are deleted once read (the trainer is their only reader). The job's Redis runs with
 noeviction, so entries left behind would grow until every write fails.
 
-A delivery whose reply was lost is read again. Redis logs an XREADGROUP to its append-only file
-before it answers, so one killed in between comes back with the entry pending for this consumer,
-and '>' never returns it again: the step would wait forever for a group that sits in the stream.
-A wait that makes no progress for `lost_check_s` looks in its own pending list for such entries.
+A Redis that restarts can also leave a step waiting for what it no longer has, both checked by a
+wait that makes no progress for `lost_check_s`:
+- a delivery whose reply was lost: Redis logs an XREADGROUP to its append-only file before it
+  answers, so one killed in between comes back with the group pending for this consumer, and '>'
+  never returns it again. The wait reads back what its own pending list holds beyond its buffer.
+- a prompt that vanished: with `appendfsync everysec` (the cluster's Redis) a crash loses up to the
+  last second of writes, our XADD of the prompts among them. A request whose prompt is not in the
+  prompt stream and whose id is not in the done set (read in one transaction: a prompt leaves the
+  stream in the transaction that marks it done) is enqueued again.
 
 A group the trainer cannot parse is dropped, but its request was answered (the worker put its id in
 the done set), so nobody would ever regenerate it. The collector notices, re-enqueues that prompt a
@@ -22,6 +27,7 @@ workers running an rljob image of a different version than the trainer.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -39,6 +45,27 @@ log = logging.getLogger(__name__)
 
 class IncompatibleGroupError(RuntimeError):
     """A worker's answers cannot be parsed by this trainer, even after a retry."""
+
+
+def _request_id(fields: dict) -> str | None:
+    try:
+        return json.loads(entry_field(fields, DATA)).get("request_id")
+    except (TypeError, ValueError, AttributeError):
+        return None  # not a prompt of ours: a worker will reject it
+
+
+def vanished_prompts(client: redis.Redis, keys: JobKeys, stream: str, request_ids: Sequence[str]) -> list[str]:
+    """Those of `request_ids` neither queued on `stream` nor answered: Redis lost their prompt with
+    its last writes. Read in one transaction, as a prompt leaves the stream in the transaction
+    that marks its id done."""
+    if not request_ids:
+        return []
+    with client.pipeline(transaction=True) as pipe:
+        pipe.xrange(stream)
+        pipe.smismember(keys.rollout_done, list(request_ids))
+        queued, answered = pipe.execute()
+    queued_ids = {_request_id(fields) for _, fields in queued}
+    return [r for r, done in zip(request_ids, answered, strict=True) if not done and r not in queued_ids]
 
 
 def enqueue_prompts(client: redis.Redis, stream: str, requests: Sequence[PromptRequest]) -> None:
@@ -63,7 +90,7 @@ class TrajectoryCollector:
     consumer: str = "trainer-0"
     block_ms: int = 1000
     max_requeues: int = 1  # per request: one retry tells a one-off from a systematic failure
-    lost_check_s: float = 10.0  # a wait this long without a new group looks for lost deliveries
+    lost_check_s: float = 10.0  # a wait this long without a new group looks for what a restart lost
     expected: dict[str, PromptRequest] = field(default_factory=dict)  # request id -> its prompt
     buffer: dict[str, _Pending] = field(default_factory=dict)  # request id -> first copy received
     requeued: dict[str, int] = field(default_factory=dict)  # request id -> times re-enqueued
@@ -131,11 +158,9 @@ class TrajectoryCollector:
             if not entries and self._backlog_cursor is None:
                 return
 
-    def _reread_lost_deliveries(self, current_step: int) -> None:
-        """Accept entries delivered to us whose reply never arrived (see the module docstring).
-
-        Our pending list holds the buffered groups and nothing else but such lost deliveries:
-        every other entry is acknowledged as soon as it is read."""
+    def _recover_lost(self, current_step: int, missing: Sequence[str]) -> None:
+        """Read back lost deliveries, then enqueue again the prompts of `missing` that vanished
+        (see the module docstring)."""
         buffered = {p.entry_id for p in self.buffer.values()}
         stream = self.keys.trajectories
         pending = self.client.xpending_range(
@@ -150,6 +175,14 @@ class TrajectoryCollector:
                 self._accept(entry_id, rows[0][1], current_step)
             else:
                 self.ack([entry_id])  # deleted meanwhile: only its pending record is left
+        vanished = vanished_prompts(
+            self.client, self.keys, self.keys.prompts, [r for r in missing if r not in self.buffer]
+        )
+        if vanished:
+            log.warning(
+                "enqueuing %d prompts again: Redis lost them (it restarted without its last writes)", len(vanished)
+            )
+            enqueue_prompts(self.client, self.keys.prompts, [self.expected[r] for r in vanished if r in self.expected])
 
     def _recover_dropped(self, current_step: int) -> None:
         """Re-enqueue requests a worker answered whose group we dropped as unparsable.
@@ -199,7 +232,7 @@ class TrajectoryCollector:
                 arrived, last_progress = len(wanted) - len(missing), time.monotonic()
             elif time.monotonic() - last_progress >= self.lost_check_s:
                 last_progress = time.monotonic()
-                self._reread_lost_deliveries(step)
+                self._recover_lost(step, missing)
                 continue
             if time.monotonic() - last_report >= 15:
                 last_report = time.monotonic()
@@ -268,12 +301,14 @@ def eval_round(
     timeout_s: float,
     block_ms: int = 1000,
     on_wait: Callable[[], None] | None = None,
+    lost_check_s: float = 10.0,
 ) -> list[TrajectoryGroup]:
     """Enqueue greedy eval prompts and wait for their results (any order, duplicates ignored);
     `on_wait` runs once per wait (the trainer answers weight-rebase requests there).
 
     Results are deleted as they are read, and those left by an earlier round that timed out are
-    trimmed first. An unparsable result fails at once: waiting out the timeout would not help."""
+    trimmed first. An unparsable result fails at once: waiting out the timeout would not help.
+    A wait without a new result for `lost_check_s` enqueues again the prompts Redis lost."""
     since = stream_last_id(client, keys.eval_results)
     client.xtrim(keys.eval_results, maxlen=0, approximate=False)  # older rounds' leftovers: nobody reads them
     done = DoneSet(client, keys)
@@ -282,9 +317,16 @@ def eval_round(
     wanted = {r.request_id for r in requests}
     got: dict[str, TrajectoryGroup] = {}
     deadline = time.monotonic() + timeout_s
-    started = last_report = time.monotonic()
+    started = last_report = last_progress = time.monotonic()
     while len(got) < len(wanted):
         now = time.monotonic()
+        if now - last_progress >= lost_check_s:
+            last_progress = now
+            by_id = {r.request_id: r for r in requests}
+            vanished = vanished_prompts(client, keys, keys.eval_prompts, [r for r in by_id if r not in got])
+            if vanished:
+                log.warning("eval: enqueuing %d prompts again: Redis lost them", len(vanished))
+                enqueue_prompts(client, keys.eval_prompts, [by_id[r] for r in vanished])
         if now > deadline:
             done.forget(list(wanted))  # whatever answers come later is trimmed unread
             raise TimeoutError(f"eval: {len(wanted) - len(got)} of {len(wanted)} results missing")
@@ -300,8 +342,9 @@ def eval_round(
             client.xdel(keys.eval_results, *[eid for eid, _ in entries])
         for eid, fields in entries:
             group = _eval_result(eid, fields)
-            if group.request_id in wanted:
-                got.setdefault(group.request_id, group)
+            if group.request_id in wanted and group.request_id not in got:
+                got[group.request_id] = group
+                last_progress = time.monotonic()
     done.forget(list(wanted))  # answered and read: the done set keeps only what is in flight
     return [got[r.request_id] for r in requests]
 
