@@ -14,51 +14,21 @@ from pathlib import Path
 import pytest
 
 from rljob.keys import TRAINER_GROUP, JobKeys
-from rljob.protocol import PromptRequest, Trajectory, TrajectoryGroup
+from rljob.protocol import PromptRequest, TrajectoryGroup
 from rljob.queue import worker_end as rollout
 from rljob.queue.trainer_end import TrajectoryCollector, enqueue_prompts, eval_round
 from rljob.queue.wire import text
 from rljob.redis_client import connect
+from support.queue_worker import serve_without_model
 
 pytestmark = pytest.mark.integration
 
 KEYS = JobKeys("ns", "crashes")
 
 
-def _group(req: PromptRequest, worker: str) -> TrajectoryGroup:
-    traj = Trajectory(
-        token_ids=list(range(96)),
-        prompt_length=32,
-        loss_mask=[0] * 32 + [1] * 64,
-        behaviour_logprobs=[0.0] * 32 + [-0.5] * 64,
-        policy_version=0,
-    )
-    return TrajectoryGroup(
-        request_id=req.request_id,
-        step=req.step,
-        question_id=req.question_id,
-        worker_id=worker,
-        trajectories=[traj] * req.group_size,
-    )
-
-
 def _serve(url: str, worker: str, stop: threading.Event, errors: list[BaseException]) -> None:
-    """A rollout worker's loop without a model: reclaim, read, publish once."""
-    client = connect(url)
-    try:
-        while not stop.is_set():
-            held = rollout.reclaim_stale(client, KEYS, worker, min_idle_ms=1000, count=2)
-            held = held or rollout.read_new(client, KEYS, worker, count=2, block_ms=50)
-            answered = rollout.DoneSet(client, KEYS).answered([h.request.request_id for h in held])
-            rollout.acknowledge(client, [h for h in held if h.request.request_id in answered])
-            for h in held:
-                if h.request.request_id not in answered:
-                    stop.wait(0.005)  # "generation": leaves the reads and writes interleaved
-                    rollout.publish_group(client, KEYS, h, _group(h.request, worker))
-    except BaseException as exc:  # surfaced by the test
-        errors.append(exc)
-    finally:
-        client.close()
+    """Reclaims what a worker held before a restart after 1 s, pausing 5 ms per group."""
+    serve_without_model(connect(url), KEYS, worker, stop, errors, count=2, reclaim_idle_ms=1000, pause_s=0.005)
 
 
 def _newest_aof(server) -> Path:

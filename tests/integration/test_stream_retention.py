@@ -15,10 +15,11 @@ import pytest
 import redis
 
 from rljob.keys import ROLLOUT_GROUP, TRAINER_GROUP, JobKeys
-from rljob.protocol import PromptRequest, Trajectory, TrajectoryGroup
+from rljob.protocol import PromptRequest
 from rljob.queue import worker_end as rollout
 from rljob.queue.backlog import pending_prompts
 from rljob.queue.trainer_end import IncompatibleGroupError, TrajectoryCollector, enqueue_prompts, eval_round
+from support.queue_worker import fake_group, serve_without_model
 
 pytestmark = pytest.mark.integration
 
@@ -37,38 +38,8 @@ def _request(request_id: str, step: int = 0, greedy: bool = False) -> PromptRequ
     )
 
 
-def _group(req: PromptRequest, worker: str = "w", tokens: int = 256) -> TrajectoryGroup:
-    """A group about the size of a real one (a few tens of kB of JSON)."""
-    traj = Trajectory(
-        token_ids=list(range(tokens)),
-        prompt_length=64,
-        loss_mask=[0] * 64 + [1] * (tokens - 64),
-        behaviour_logprobs=[0.0] * 64 + [-0.123456789] * (tokens - 64),
-        policy_version=0,
-    )
-    return TrajectoryGroup(
-        request_id=req.request_id,
-        step=req.step,
-        question_id=req.question_id,
-        worker_id=worker,
-        trajectories=[traj] * req.group_size,
-    )
-
-
 def _serve(url: str, worker: str, stop: threading.Event, errors: list[BaseException]) -> None:
-    """A rollout worker without a model: the real read / dedupe / publish path."""
-    client = redis.Redis.from_url(url)
-    try:
-        while not stop.is_set():
-            held = rollout.read_new(client, KEYS, worker, count=3, block_ms=50)
-            rollout.acknowledge(client, [h for h in held if h.request is None])
-            for h in held:
-                if h.request is not None:
-                    rollout.publish_group(client, KEYS, h, _group(h.request, worker))
-    except BaseException as exc:  # surfaced by the test
-        errors.append(exc)
-    finally:
-        client.close()
+    serve_without_model(redis.Redis.from_url(url), KEYS, worker, stop, errors)
 
 
 def _one_eval_worker(url: str, answer: Callable[[redis.Redis, list[rollout.HeldPrompt]], object]) -> threading.Thread:
@@ -94,7 +65,7 @@ def _lengths(client: redis.Redis) -> dict[str, int]:
 
 def _bad_publish(client: redis.Redis, held: rollout.HeldPrompt) -> None:
     """What a worker of another rljob version does: a group this trainer's model rejects."""
-    body = {**json.loads(_group(held.request).model_dump_json()), "added_in_a_newer_version": 1}
+    body = {**json.loads(fake_group(held.request).model_dump_json()), "added_in_a_newer_version": 1}
     with client.pipeline(transaction=True) as pipe:
         pipe.xadd(KEYS.trajectories, {"data": json.dumps(body)})
         pipe.sadd(KEYS.rollout_done, held.request.request_id)
@@ -153,12 +124,12 @@ def test_lag_after_out_of_order_deletes(redis_client) -> None:
         return next(g for g in redis_client.xinfo_groups(KEYS.prompts) if g["name"] == ROLLOUT_GROUP.encode())
 
     assert group_info()["lag"] == 2 and pending_prompts(redis_client, KEYS) == 4
-    rollout.publish_group(redis_client, KEYS, newer, _group(newer.request))
+    rollout.publish_group(redis_client, KEYS, newer, fake_group(newer.request))
     # redis-server 7.0 reports null here (the tombstone sits at the last delivered id); a newer one may know it is 2
     assert group_info()["lag"] in (None, 2)
     assert group_info()["pending"] == 1 and redis_client.xlen(KEYS.prompts) == 3
     assert pending_prompts(redis_client, KEYS) == 3  # falls back to the length: still exact
-    rollout.publish_group(redis_client, KEYS, older, _group(older.request))
+    rollout.publish_group(redis_client, KEYS, older, fake_group(older.request))
     assert group_info()["lag"] == 2 and pending_prompts(redis_client, KEYS) == 2
 
 
@@ -200,7 +171,7 @@ def test_a_dead_worker_and_a_dead_trainer_lose_nothing(redis_client) -> None:
     taken = rollout.reclaim_stale(redis_client, KEYS, "alive", min_idle_ms=0, count=3)
     assert [h.request.request_id for h in taken] == ["s0", "s1", "s2"]
     for h in taken:
-        rollout.publish_group(redis_client, KEYS, h, _group(h.request))
+        rollout.publish_group(redis_client, KEYS, h, fake_group(h.request))
     assert redis_client.xlen(KEYS.prompts) == 0
 
     first = TrajectoryCollector(redis_client, KEYS, block_ms=50)
@@ -224,10 +195,10 @@ def test_a_group_whose_delivery_reply_was_lost_is_read_back(redis_client) -> Non
     collector.expect(reqs)
     enqueue_prompts(redis_client, KEYS.prompts, reqs)
     first, second = rollout.read_new(redis_client, KEYS, "w", count=2, block_ms=0)
-    rollout.publish_group(redis_client, KEYS, first, _group(first.request))
+    rollout.publish_group(redis_client, KEYS, first, fake_group(first.request))
     with pytest.raises(TimeoutError):  # s0 is buffered; s1 is not published yet
         collector.collect(0, ["s0", "s1"], timeout_s=0.5)
-    rollout.publish_group(redis_client, KEYS, second, _group(second.request))
+    rollout.publish_group(redis_client, KEYS, second, fake_group(second.request))
     # The lost reply: delivered to the trainer's consumer, read by nobody.
     assert redis_client.xreadgroup(TRAINER_GROUP, collector.consumer, {KEYS.trajectories: ">"})
     groups, entry_ids = collector.collect(0, ["s0", "s1"], timeout_s=10)
@@ -307,7 +278,7 @@ def test_an_unparsable_group_is_requeued_and_then_answered(redis_client) -> None
     assert not redis_client.sismember(KEYS.rollout_done, req.request_id)
     (again,) = rollout.read_new(redis_client, KEYS, "w", count=1, block_ms=0)
     assert again.request == req
-    assert rollout.publish_group(redis_client, KEYS, again, _group(req))
+    assert rollout.publish_group(redis_client, KEYS, again, fake_group(req))
     groups, entry_ids = collector.collect(0, [req.request_id], timeout_s=5)
     assert [g.request_id for g in groups] == [req.request_id]
     collector.ack(entry_ids)
@@ -425,17 +396,17 @@ def test_late_and_unknown_groups_and_timed_out_eval_rounds_leave_nothing_in_the_
         collector.expect([req])
         enqueue_prompts(redis_client, KEYS.prompts, [req])
         (held,) = rollout.read_new(redis_client, KEYS, "w", count=1, block_ms=0)
-        assert rollout.publish_group(redis_client, KEYS, held, _group(req))
+        assert rollout.publish_group(redis_client, KEYS, held, fake_group(req))
         _, entry_ids = collector.collect(req.step, [req.request_id], timeout_s=5)
         collector.ack(entry_ids, done=[req.request_id])
 
     req = _request("s0-q0")
     train(req)
     late = rollout.HeldPrompt(KEYS.prompts, "0-1", b"", req)  # its prompt is long gone
-    assert rollout.publish_group(redis_client, KEYS, late, _group(req))  # the slow worker's copy
+    assert rollout.publish_group(redis_client, KEYS, late, fake_group(req))  # the slow worker's copy
     earlier_run = _request("s1-q0-r7-x", step=1)
     assert rollout.publish_group(
-        redis_client, KEYS, rollout.HeldPrompt(KEYS.prompts, "0-2", b"", earlier_run), _group(earlier_run)
+        redis_client, KEYS, rollout.HeldPrompt(KEYS.prompts, "0-2", b"", earlier_run), fake_group(earlier_run)
     )
     train(_request("s1-q0", step=1))  # reads both on the way
     assert redis_client.smembers(KEYS.rollout_done) == set()
@@ -444,9 +415,10 @@ def test_late_and_unknown_groups_and_timed_out_eval_rounds_leave_nothing_in_the_
         eval_round(redis_client, KEYS, [_request("eval-a", -1, greedy=True)], timeout_s=0.2, block_ms=50)
     assert redis_client.smembers(KEYS.rollout_done) == set()
     (held,) = rollout.read_new(redis_client, KEYS, "w", count=1, block_ms=0)  # answered after the timeout
-    assert rollout.publish_group(redis_client, KEYS, held, _group(held.request))
+    assert rollout.publish_group(redis_client, KEYS, held, fake_group(held.request))
     served = _one_eval_worker(
-        redis_server.url, lambda client, held: rollout.publish_group(client, KEYS, held[0], _group(held[0].request))
+        redis_server.url,
+        lambda client, held: rollout.publish_group(client, KEYS, held[0], fake_group(held[0].request)),
     )
     eval_round(redis_client, KEYS, [_request("eval-b", -1, greedy=True)], timeout_s=30, block_ms=50)
     served.join()
@@ -466,6 +438,6 @@ def test_a_restarted_trainer_clears_what_its_earlier_run_left_queued(redis_clien
     assert clear_earlier_runs(redis_client, KEYS) == 4
     assert _lengths(redis_client)["prompts"] == _lengths(redis_client)["eval:prompts"] == 0
     assert rollout.read_new(redis_client, KEYS, "w", count=5, block_ms=0) == []
-    assert rollout.publish_group(redis_client, KEYS, held, _group(held.request))  # finishes harmlessly
+    assert rollout.publish_group(redis_client, KEYS, held, fake_group(held.request))  # finishes harmlessly
     assert pending_prompts(redis_client, KEYS) == 0
     assert clear_earlier_runs(redis_client, KEYS) == 0

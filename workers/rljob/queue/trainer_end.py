@@ -27,7 +27,6 @@ workers running an rljob image of a different version than the trainer.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -38,20 +37,13 @@ import redis
 from rljob.keys import TRAINER_GROUP, JobKeys
 from rljob.protocol import PromptRequest, TrajectoryGroup
 from rljob.queue.done import DoneSet
-from rljob.queue.wire import DATA, SKEW_HINT, ensure_group, entry_field, rejection, text
+from rljob.queue.wire import DATA, SKEW_HINT, ensure_group, entry_field, rejection, request_id_of, text
 
 log = logging.getLogger(__name__)
 
 
 class IncompatibleGroupError(RuntimeError):
     """A worker's answers cannot be parsed by this trainer, even after a retry."""
-
-
-def _request_id(fields: dict) -> str | None:
-    try:
-        return json.loads(entry_field(fields, DATA)).get("request_id")
-    except (TypeError, ValueError, AttributeError):
-        return None  # not a prompt of ours: a worker will reject it
 
 
 def vanished_prompts(client: redis.Redis, keys: JobKeys, stream: str, request_ids: Sequence[str]) -> list[str]:
@@ -64,7 +56,7 @@ def vanished_prompts(client: redis.Redis, keys: JobKeys, stream: str, request_id
         pipe.xrange(stream)
         pipe.smismember(keys.rollout_done, list(request_ids))
         queued, answered = pipe.execute()
-    queued_ids = {_request_id(fields) for _, fields in queued}
+    queued_ids = {request_id_of(entry_field(fields, DATA)) for _, fields in queued}
     return [r for r, done in zip(request_ids, answered, strict=True) if not done and r not in queued_ids]
 
 
@@ -314,25 +306,24 @@ def eval_round(
     done = DoneSet(client, keys)
     done.forget_earlier_evals()
     enqueue_prompts(client, keys.eval_prompts, requests)
-    wanted = {r.request_id for r in requests}
+    by_id = {r.request_id: r for r in requests}
     got: dict[str, TrajectoryGroup] = {}
     deadline = time.monotonic() + timeout_s
     started = last_report = last_progress = time.monotonic()
-    while len(got) < len(wanted):
+    while len(got) < len(by_id):
         now = time.monotonic()
         if now - last_progress >= lost_check_s:
             last_progress = now
-            by_id = {r.request_id: r for r in requests}
             vanished = vanished_prompts(client, keys, keys.eval_prompts, [r for r in by_id if r not in got])
             if vanished:
                 log.warning("eval: enqueuing %d prompts again: Redis lost them", len(vanished))
                 enqueue_prompts(client, keys.eval_prompts, [by_id[r] for r in vanished])
         if now > deadline:
-            done.forget(list(wanted))  # whatever answers come later is trimmed unread
-            raise TimeoutError(f"eval: {len(wanted) - len(got)} of {len(wanted)} results missing")
+            done.forget(list(by_id))  # whatever answers come later is trimmed unread
+            raise TimeoutError(f"eval: {len(by_id) - len(got)} of {len(by_id)} results missing")
         if now - last_report >= 15:
             last_report = now
-            log.info("eval: %d/%d questions answered (%.0fs)", len(got), len(wanted), now - started)
+            log.info("eval: %d/%d questions answered (%.0fs)", len(got), len(by_id), now - started)
         reply = client.xread({keys.eval_results: since}, count=256, block=block_ms)
         if on_wait is not None:
             on_wait()
@@ -342,10 +333,10 @@ def eval_round(
             client.xdel(keys.eval_results, *[eid for eid, _ in entries])
         for eid, fields in entries:
             group = _eval_result(eid, fields)
-            if group.request_id in wanted and group.request_id not in got:
+            if group.request_id in by_id and group.request_id not in got:
                 got[group.request_id] = group
                 last_progress = time.monotonic()
-    done.forget(list(wanted))  # answered and read: the done set keeps only what is in flight
+    done.forget(list(by_id))  # answered and read: the done set keeps only what is in flight
     return [got[r.request_id] for r in requests]
 
 

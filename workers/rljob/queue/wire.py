@@ -6,6 +6,7 @@ decoded here, in one place, rather than by a second client per process.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import redis
@@ -40,3 +41,14 @@ def rejection(fields: dict[Any, Any] | None) -> tuple[str, str] | None:
     if request_id is None:
         return None
     return text(request_id), text(entry_field(fields, REASON) or b"")
+
+
+def request_id_of(data: bytes | str | None) -> str | None:
+    """The request id in a prompt's JSON, without validating the rest (a prompt this end cannot
+    parse, or one it only needs the id of); None when there is none."""
+    try:
+        value = json.loads(data or b"")
+    except ValueError:
+        return None
+    request_id = value.get("request_id") if isinstance(value, dict) else None
+    return request_id if isinstance(request_id, str) and request_id else None

@@ -14,7 +14,6 @@ reclaimed. With every acknowledged entry deleted, a prompt stream's length is ex
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 
@@ -23,7 +22,7 @@ import redis
 from rljob.keys import ROLLOUT_GROUP, JobKeys
 from rljob.protocol import PromptRequest, TrajectoryGroup
 from rljob.queue.done import DoneSet
-from rljob.queue.wire import DATA, REASON, REJECTED, ensure_group, entry_field, text
+from rljob.queue.wire import DATA, REASON, REJECTED, ensure_group, entry_field, request_id_of, text
 
 log = logging.getLogger(__name__)
 
@@ -141,16 +140,6 @@ def acknowledge(client: redis.Redis, held: list[HeldPrompt]) -> None:
         pipe.execute()
 
 
-def _request_id_of(data: bytes) -> str | None:
-    """The request id of a prompt this worker cannot parse, if it is JSON with one."""
-    try:
-        value = json.loads(data)
-    except ValueError:
-        return None
-    request_id = value.get("request_id") if isinstance(value, dict) else None
-    return request_id if isinstance(request_id, str) and request_id else None
-
-
 def reject(client: redis.Redis, keys: JobKeys, held: list[HeldPrompt]) -> None:
     """Answer prompts this worker cannot parse with a rejection, instead of dropping them unseen.
 
@@ -164,7 +153,7 @@ def reject(client: redis.Redis, keys: JobKeys, held: list[HeldPrompt]) -> None:
     done = DoneSet(client, keys)
     with client.pipeline(transaction=True) as pipe:
         for h in held:
-            request_id = _request_id_of(h.data)
+            request_id = request_id_of(h.data)
             if request_id is not None:
                 out = keys.eval_results if h.is_eval else keys.trajectories
                 pipe.xadd(out, {REJECTED: request_id, REASON: h.error or "unparsable prompt"})
