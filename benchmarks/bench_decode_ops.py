@@ -3,7 +3,8 @@
 - attention scores in bf16 over the KV cache: a matmul on a strided view of a buffer with spare
   room (what `GrowingLayer.keys` is) against the whole contiguous buffer (what decode attention
   reads since `attention.whole_buffers`); 62 rows x 3 KV heads x 3 query heads, 500 of 564 positions;
-- one token per row from 64 x 49,152 log-probs: `torch.multinomial` against `hf.draw_from`.
+- one token and its log-prob per row from 64 x 49,152 bf16 logits at T = 0.8: a log-softmax and
+  `torch.multinomial`, as before, against `hf.sample_tokens` (in place, a two-level CDF inversion).
 One thread. Prints ratios side by side and the JSON summary as its last line:
   python benchmarks/bench_decode_ops.py [--quick]
 """
@@ -16,7 +17,8 @@ import time
 import torch
 from _common import finish, progress
 
-from rljob.engines.hf import draw_from
+from rljob.engines.base import TurnParams
+from rljob.engines.hf import sample_tokens
 
 
 def _ms(fn, reps: int) -> float:
@@ -41,11 +43,17 @@ def main() -> None:
     strided = _ms(lambda: torch.matmul(query, view.transpose(-1, -2)), reps)
     whole = _ms(lambda: torch.matmul(query, buffer.transpose(-1, -2)), reps)
     progress(f"bf16 scores: strided view {strided:.2f} ms, whole buffer {whole:.2f} ms: x{strided / whole:.2f}")
-    logp = torch.log_softmax(torch.randn(64, 49_152, generator=gen), dim=-1)
-    multinomial = _ms(lambda: torch.multinomial(logp.exp(), 1, generator=gen), reps)
-    cdf = _ms(lambda: draw_from(logp, gen), reps)
+    logits = (torch.randn(64, 49_152, generator=gen) * 4).to(torch.bfloat16)
+    params = TurnParams(max_new_tokens=[1] * 64, temperature=0.8)
+
+    def multinomial_step() -> None:
+        logp = torch.log_softmax(logits.float() / params.temperature, dim=-1)
+        logp.gather(-1, torch.multinomial(logp.exp(), 1, generator=gen))
+
+    multinomial = _ms(multinomial_step, reps)
+    cdf = _ms(lambda: sample_tokens(logits, params, gen), reps)
     progress(
-        f"sampling 64 x 49,152: torch.multinomial {multinomial:.2f} ms, CDF inversion {cdf:.2f} ms: "
+        f"sampling 64 x 49,152: log-softmax + torch.multinomial {multinomial:.2f} ms, sample_tokens {cdf:.2f} ms: "
         f"x{multinomial / cdf:.2f}"
     )
     finish(
@@ -55,7 +63,7 @@ def main() -> None:
             "scores_whole_buffer_ms": whole,
             "scores_speedup": strided / whole,
             "multinomial_ms": multinomial,
-            "cdf_inversion_ms": cdf,
+            "sample_tokens_ms": cdf,
             "sampling_speedup": multinomial / cdf,
         },
     )

@@ -8,7 +8,7 @@ import torch
 from rljob.assets import hotpotqa_file
 from rljob.data.hotpotqa import load_questions
 from rljob.engines.base import TurnParams
-from rljob.engines.hf import HFEngine, sample_tokens
+from rljob.engines.hf import DRAW_BLOCK, HFEngine, draw_from, sample_tokens
 from support.tiny_models import tiny_random_model, train_tiny_tokenizer
 
 torch.set_num_threads(1)
@@ -97,6 +97,34 @@ def test_stop_string_ends_a_sample_at_the_token_completing_it(tiny):
             assert "e" in out.text and "e" not in tokenizer.decode(out.token_ids[:-1])
         else:
             assert "e" not in out.text and out.finish_reason in {"length", "eos"}
+
+
+def test_two_level_draw_follows_the_categorical_and_never_picks_a_zero_weight_token():
+    """Blocks of DRAW_BLOCK tokens, the last one partial: the empirical frequencies of 200k draws
+    match the weights (every token within 5 standard errors) and zero-weight tokens never come up."""
+    gen = torch.Generator().manual_seed(3)
+    vocab = 2 * DRAW_BLOCK + 37
+    weights = torch.rand((1, vocab), generator=gen) ** 4
+    weights[0, ::7] = 0.0  # zeros inside blocks, at block edges and in the partial block
+    weights[0, DRAW_BLOCK : 2 * DRAW_BLOCK] = 0.0  # a whole block without mass
+    draws = draw_from(weights.expand(200_000, vocab).contiguous(), gen)
+    counts = torch.bincount(draws, minlength=vocab).double()
+    assert counts.numel() == vocab and counts[weights[0] == 0].sum() == 0
+    p = (weights[0] / weights[0].sum()).double()
+    stderr = (p * (1 - p) / draws.numel()).sqrt()
+    assert ((counts / draws.numel() - p).abs() <= 5 * stderr + 1e-12).all()
+
+
+def test_sampled_logprobs_are_the_tempered_log_softmax_of_the_drawn_tokens():
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn((64, 49_152), generator=gen) * 4).to(torch.bfloat16)
+    for top_p in (1.0, 0.9):
+        tokens, logprobs = sample_tokens(logits, TurnParams(max_new_tokens=[1] * 64, temperature=0.7, top_p=top_p), gen)
+        reference = torch.log_softmax(logits.float() / 0.7, dim=-1).gather(-1, tokens[:, None])[:, 0]
+        if top_p == 1.0:
+            torch.testing.assert_close(logprobs, reference, atol=2e-5, rtol=0)
+        else:  # renormalised over the nucleus: at least as likely as under the full distribution
+            assert (logprobs >= reference - 2e-5).all() and torch.isfinite(logprobs).all()
 
 
 def test_top_p_keeps_the_nucleus_and_renormalises():

@@ -34,6 +34,7 @@ from rljob.weights.reader import SyncResult
 
 _STOP_TAIL_TOKENS = 16  # stop strings are short: a tail this long always contains a fresh match
 COMPACT_FRACTION = 4  # set finished rows aside once they are a quarter of the rows still fed
+DRAW_BLOCK = 256  # tokens per block of the two-level CDF inversion
 
 
 @dataclass
@@ -88,38 +89,56 @@ def _match_rows(rows: list[list[int]], contexts: list[list[int]]) -> list[int] |
     return picked
 
 
-def draw_from(logp: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row from the categorical of `logp` (rows, vocab), by inverting its CDF.
+def draw_from(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row from the categorical proportional to `weights` (rows, vocab), by inverting
+    its CDF in two levels: pick a block of `DRAW_BLOCK` tokens by the cumulative block sums, then a
+    token inside it.
 
-    Equivalent to `torch.multinomial(logp.exp(), 1)`, which on CPU costs a large share of a decode
-    step over a 49k-way vocabulary; a cumulative sum and a binary search cost little.
-    `right=True` lands on the first position whose CDF exceeds the draw, never on a zero-mass token.
+    Equivalent to `torch.multinomial(weights, 1)`, which on CPU costs a large share of a decode step
+    over a 49k-way vocabulary; so does one cumulative sum over the whole vocabulary, while the block
+    sums vectorise. Each search lands on the first position whose CDF exceeds a draw that is kept
+    inside its block's mass, so never on a zero-weight token.
     """
-    cdf = logp.exp().cumsum(-1)
-    u = torch.rand((logp.shape[0], 1), generator=generator, dtype=cdf.dtype, device=logp.device)
-    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0]
-    return tokens.clamp_(max=logp.shape[-1] - 1)
+    rows, vocab = weights.shape
+    blocks = -(-vocab // DRAW_BLOCK)
+    if blocks * DRAW_BLOCK != vocab:
+        weights = torch.nn.functional.pad(weights, (0, blocks * DRAW_BLOCK - vocab))
+    by_block = weights.view(rows, blocks, DRAW_BLOCK)
+    cdf = by_block.sum(-1).cumsum(-1)
+    total = cdf[:, -1:]
+    u = torch.rand((rows, 1), generator=generator, dtype=cdf.dtype, device=weights.device) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
+    block = torch.searchsorted(cdf, u, right=True)
+    inner = by_block[torch.arange(rows, device=weights.device), block[:, 0]].cumsum(-1)
+    # where the draw falls inside its block, on the block's own running sum (rounded unlike cdf's)
+    rest = (u - cdf.gather(-1, block) + inner[:, -1:]).clamp_(min=0.0)
+    rest = torch.minimum(rest, torch.nextafter(inner[:, -1:], torch.zeros_like(rest)))
+    within = torch.searchsorted(inner, rest, right=True)[:, 0]
+    return block[:, 0] * DRAW_BLOCK + within
 
 
 def sample_tokens(
     logits: torch.Tensor, params: TurnParams, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens, log-probs) from (batch, vocab) logits under the distribution described in base."""
-    logits = logits.float()
+    """(tokens, log-probs) from (batch, vocab) logits under the distribution described in base.
+
+    Sampling works in place on one fp32 copy of the logits (scaled, shifted by the row maximum,
+    exponentiated): a decode step allocates one vocabulary-wide buffer per row, not one per
+    operation, and the log-prob of the drawn token needs no log-softmax over the vocabulary.
+    """
     if params.greedy or params.temperature == 0.0:
-        logp = torch.log_softmax(logits, dim=-1)
+        logp = torch.log_softmax(logits.float(), dim=-1)
         tokens = logp.argmax(dim=-1)
         return tokens, logp.gather(-1, tokens[:, None])[:, 0]
-    scaled = logits / params.temperature
+    scaled = logits.to(torch.float32, copy=True).div_(params.temperature)
     if params.top_p < 1.0:
         sorted_logits, order = scaled.sort(dim=-1, descending=True)
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop_sorted = cum - sorted_logits.softmax(-1) >= params.top_p  # keep the token crossing top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        scaled = scaled.masked_fill(drop, float("-inf"))
-    logp = torch.log_softmax(scaled, dim=-1)
-    tokens = draw_from(logp, generator)
-    return tokens, logp.gather(-1, tokens[:, None])[:, 0]
+        scaled.masked_fill_(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
+    weights = scaled.sub_(scaled.amax(-1, keepdim=True)).exp_()
+    tokens = draw_from(weights, generator)
+    return tokens, weights.gather(-1, tokens[:, None])[:, 0].log() - weights.sum(-1).log()
 
 
 class HFEngine(GenerationEngine):
