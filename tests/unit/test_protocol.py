@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rljob.agent.actions import Action, extract_answer, parse_action
+from rljob.agent.actions import Action, parse_action
 from rljob.agent.prompt import INVALID_ACTION, information_block, prompt_ids
 from rljob.agent.rollout import generate_groups, run_episodes
 from rljob.assets import hotpotqa_file
@@ -36,12 +36,6 @@ torch.set_num_threads(1)
 )
 def test_parse_action(text: str, action: Action) -> None:
     assert parse_action(text) == action
-
-
-def test_extract_answer_takes_the_last_complete_tag() -> None:
-    assert extract_answer("<answer>a</answer> x <answer> b </answer>") == "b"
-    assert extract_answer("<answer>a</answer> <answer>unclosed") == "a"
-    assert extract_answer("no tags") is None
 
 
 def test_information_block_titles_and_trims() -> None:

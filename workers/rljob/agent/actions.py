@@ -2,18 +2,15 @@
 
 A turn ends at the first closing `</search>` or `</answer>` (the engines stop there). The action is
 the content between that closing tag and the last matching opening tag before it, so text such as
-"<answer> I think <answer> Paris </answer>" yields "Paris". Answers found in full texts
-(`extract_answer`) use the last complete answer tag, as Search-R1's scorer does.
+"<answer> I think <answer> Paris </answer>" yields "Paris".
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Literal
 
 _CLOSERS = {"search": "</search>", "answer": "</answer>"}
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -34,13 +31,3 @@ def parse_action(turn_text: str) -> Action:
         return Action("invalid")
     content = " ".join(turn_text[start + len(opener) : end].split())
     return Action(kind, content) if content else Action("invalid")
-
-
-def extract_answer(text: str) -> str | None:
-    """The last complete <answer>...</answer> of a text (inner opening tags skipped), or None."""
-    matches = _ANSWER.findall(text)
-    if not matches:
-        return None
-    last = matches[-1]
-    last = last[last.rfind("<answer>") + len("<answer>") :] if "<answer>" in last else last
-    return " ".join(last.split())
