@@ -4,7 +4,9 @@
   room (what `GrowingLayer.keys` is) against the whole contiguous buffer (what decode attention
   reads since `attention.whole_buffers`); 62 rows x 3 KV heads x 3 query heads, 500 of 564 positions;
 - one token and its log-prob per row from 64 x 49,152 bf16 logits at T = 0.8: a log-softmax and
-  `torch.multinomial`, as before, against `hf.sample_tokens` (in place, a two-level CDF inversion).
+  `torch.multinomial` (before issue 21), and a log-softmax and one cumulative sum over the
+  vocabulary (the sampler until 5ff5c0b), against `hf.sample_tokens` (in place, a two-level CDF
+  inversion).
 One thread. Prints ratios side by side and the JSON summary as its last line:
   python benchmarks/bench_decode_ops.py [--quick]
 """
@@ -50,11 +52,18 @@ def main() -> None:
         logp = torch.log_softmax(logits.float() / params.temperature, dim=-1)
         logp.gather(-1, torch.multinomial(logp.exp(), 1, generator=gen))
 
+    def one_cumsum_step() -> None:
+        logp = torch.log_softmax(logits.float() / params.temperature, dim=-1)
+        cdf = logp.exp().cumsum(-1)
+        u = torch.rand((logp.shape[0], 1), generator=gen) * cdf[:, -1:]
+        logp.gather(-1, torch.searchsorted(cdf, u, right=True).clamp_(max=logp.shape[-1] - 1))
+
     multinomial = _ms(multinomial_step, reps)
+    one_cumsum = _ms(one_cumsum_step, reps)
     cdf = _ms(lambda: sample_tokens(logits, params, gen), reps)
     progress(
-        f"sampling 64 x 49,152: log-softmax + torch.multinomial {multinomial:.2f} ms, sample_tokens {cdf:.2f} ms: "
-        f"x{multinomial / cdf:.2f}"
+        f"sampling 64 x 49,152: log-softmax + torch.multinomial {multinomial:.2f} ms, log-softmax + one cumsum "
+        f"{one_cumsum:.2f} ms, sample_tokens {cdf:.2f} ms: x{multinomial / cdf:.2f} and x{one_cumsum / cdf:.2f}"
     )
     finish(
         "decode_ops_quick" if args.quick else "decode_ops",
@@ -65,6 +74,8 @@ def main() -> None:
             "multinomial_ms": multinomial,
             "sample_tokens_ms": cdf,
             "sampling_speedup": multinomial / cdf,
+            "one_cumsum_ms": one_cumsum,
+            "sampler_change_speedup": one_cumsum / cdf,
         },
     )
 

@@ -107,7 +107,7 @@ def test_two_level_draw_follows_the_categorical_and_never_picks_a_zero_weight_to
     weights = torch.rand((1, vocab), generator=gen) ** 4
     weights[0, ::7] = 0.0  # zeros inside blocks, at block edges and in the partial block
     weights[0, DRAW_BLOCK : 2 * DRAW_BLOCK] = 0.0  # a whole block without mass
-    draws = draw_from(weights.expand(200_000, vocab).contiguous(), gen)
+    draws, _ = draw_from(weights.expand(200_000, vocab).contiguous(), gen)
     counts = torch.bincount(draws, minlength=vocab).double()
     assert counts.numel() == vocab and counts[weights[0] == 0].sum() == 0
     p = (weights[0] / weights[0].sum()).double()

@@ -89,10 +89,10 @@ def _match_rows(rows: list[list[int]], contexts: list[list[int]]) -> list[int] |
     return picked
 
 
-def draw_from(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def draw_from(weights: torch.Tensor, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row from the categorical proportional to `weights` (rows, vocab), by inverting
     its CDF in two levels: pick a block of `DRAW_BLOCK` tokens by the cumulative block sums, then a
-    token inside it.
+    token inside it. Returns the tokens and each row's total weight (the normaliser of its log-probs).
 
     Equivalent to `torch.multinomial(weights, 1)`, which on CPU costs a large share of a decode step
     over a 49k-way vocabulary; so does one cumulative sum over the whole vocabulary, while the block
@@ -114,7 +114,7 @@ def draw_from(weights: torch.Tensor, generator: torch.Generator | None) -> torch
     rest = (u - cdf.gather(-1, block) + inner[:, -1:]).clamp_(min=0.0)
     rest = torch.minimum(rest, torch.nextafter(inner[:, -1:], torch.zeros_like(rest)))
     within = torch.searchsorted(inner, rest, right=True)[:, 0]
-    return block[:, 0] * DRAW_BLOCK + within
+    return block[:, 0] * DRAW_BLOCK + within, total[:, 0]
 
 
 def sample_tokens(
@@ -137,8 +137,8 @@ def sample_tokens(
         drop_sorted = cum - sorted_logits.softmax(-1) >= params.top_p  # keep the token crossing top_p
         scaled.masked_fill_(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
     weights = scaled.sub_(scaled.amax(-1, keepdim=True)).exp_()
-    tokens = draw_from(weights, generator)
-    return tokens, weights.gather(-1, tokens[:, None])[:, 0].log() - weights.sum(-1).log()
+    tokens, total = draw_from(weights, generator)
+    return tokens, weights.gather(-1, tokens[:, None])[:, 0].log() - total.log()
 
 
 class HFEngine(GenerationEngine):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -58,6 +58,14 @@ def vanished_prompts(client: redis.Redis, keys: JobKeys, stream: str, request_id
         queued, answered = pipe.execute()
     queued_ids = {request_id_of(entry_field(fields, DATA)) for _, fields in queued}
     return [r for r, done in zip(request_ids, answered, strict=True) if not done and r not in queued_ids]
+
+
+def requeue_vanished(client: redis.Redis, keys: JobKeys, stream: str, waiting: Mapping[str, PromptRequest]) -> None:
+    """Enqueue again those of the `waiting` prompts (request id -> prompt) that Redis lost."""
+    vanished = vanished_prompts(client, keys, stream, list(waiting))
+    if vanished:
+        log.warning("%s: enqueuing %d prompts again: Redis lost them with its last writes", stream, len(vanished))
+        enqueue_prompts(client, stream, [waiting[r] for r in vanished])
 
 
 def enqueue_prompts(client: redis.Redis, stream: str, requests: Sequence[PromptRequest]) -> None:
@@ -167,14 +175,8 @@ class TrajectoryCollector:
                 self._accept(entry_id, rows[0][1], current_step)
             else:
                 self.ack([entry_id])  # deleted meanwhile: only its pending record is left
-        vanished = vanished_prompts(
-            self.client, self.keys, self.keys.prompts, [r for r in missing if r not in self.buffer]
-        )
-        if vanished:
-            log.warning(
-                "enqueuing %d prompts again: Redis lost them (it restarted without its last writes)", len(vanished)
-            )
-            enqueue_prompts(self.client, self.keys.prompts, [self.expected[r] for r in vanished if r in self.expected])
+        waiting = {r: self.expected[r] for r in missing if r not in self.buffer and r in self.expected}
+        requeue_vanished(self.client, self.keys, self.keys.prompts, waiting)
 
     def _recover_dropped(self, current_step: int) -> None:
         """Re-enqueue requests a worker answered whose group we dropped as unparsable.
@@ -314,10 +316,7 @@ def eval_round(
         now = time.monotonic()
         if now - last_progress >= lost_check_s:
             last_progress = now
-            vanished = vanished_prompts(client, keys, keys.eval_prompts, [r for r in by_id if r not in got])
-            if vanished:
-                log.warning("eval: enqueuing %d prompts again: Redis lost them", len(vanished))
-                enqueue_prompts(client, keys.eval_prompts, [by_id[r] for r in vanished])
+            requeue_vanished(client, keys, keys.eval_prompts, {r: q for r, q in by_id.items() if r not in got})
         if now > deadline:
             done.forget(list(by_id))  # whatever answers come later is trimmed unread
             raise TimeoutError(f"eval: {len(by_id) - len(got)} of {len(by_id)} results missing")
