@@ -91,6 +91,25 @@ class JobMemory:
 
 
 @dataclass
+class _Pass:
+    """One pass's view of a valid, unfinished RLJob, before it decides anything."""
+
+    body: dict[str, Any]
+    job: RLJob
+    names: ChildNames
+    stored: RLJobStatus  # the status on the object: what a write is compared with
+    prev: RLJobStatus  # where decisions start (empty once an invalid spec was replaced)
+    generation: int
+    now: float
+    full: bool
+    obs: Observed
+
+    @property
+    def spec_changed(self) -> bool:
+        return self.prev.observed_generation != self.generation
+
+
+@dataclass
 class Reconciler:
     kube: Kube
     settings: OperatorSettings
@@ -149,60 +168,86 @@ class Reconciler:
     # ---- steps -------------------------------------------------------------------------------
 
     def _reconcile(self, body: dict[str, Any], *, full: bool) -> None:
+        """Observe, decide (pure), apply, write status; a step that settles the pass ends it."""
+        step = self._begin(body, full=full)
+        if step is None or self._stopped_by_preflight(step):
+            return
+        self._observe_children(step.job, step.names, step.obs)
+        decision = decide_trainer(step.job, step.prev, step.obs, step.now, self.settings.restart_backoff)
+        final = decision.action in ("succeeded", "fail")
+        metrics, backlog, metrics_error = self._observe_redis(step.job, full=full, final=final)
+        scaled_at = parse_time(step.prev.last_scale_time)
+        current, desired = rollout_replicas(
+            step.job,
+            step.obs.rollout,
+            backlog,
+            forced_off=rollouts_forced_off(step.job, decision),
+            seconds_since_scale=None if scaled_at is None else step.now - scaled_at,
+        )
+        decision, held = self._apply_children(step, decision, desired, rescale=desired != current)
+        if held:
+            self._hold(body, step.stored, step.generation, *held, step.now)
+            return
+        st = compute_status(
+            step.job, step.generation, step.prev, step.obs, decision, desired, metrics, metrics_error, step.now
+        )
+        self._report(step, decision, st, desired)
+
+    def _begin(self, body: dict[str, Any], *, full: bool) -> _Pass | None:
+        """The pass's view of a valid, unfinished RLJob; None when the spec is invalid or the job
+        has finished (both handled here)."""
         meta = body["metadata"]
-        ns, name, uid, generation = meta["namespace"], meta["name"], meta["uid"], meta.get("generation", 1)
-        now = time.time()
-        prev = _stored_status(body)
+        generation, now = meta.get("generation", 1), time.time()
+        stored = prev = _stored_status(body)
         try:
-            job = RLJob.model_validate({"metadata": {"name": name, "namespace": ns}, "spec": body.get("spec") or {}})
+            spec = body.get("spec") or {}
+            job = RLJob.model_validate(
+                {"metadata": {"name": meta["name"], "namespace": meta["namespace"]}, "spec": spec}
+            )
         except ValidationError as exc:
             self._invalid(body, prev, generation, now, exc)
-            return
-        stored = prev
+            return None
         if prev.phase in TERMINAL:
             if not (failed_reason(prev) == "InvalidSpec" and prev.observed_generation != generation):
                 self._finished(body, job, prev, now)
-                return
+                return None
             prev = RLJobStatus()  # the spec that failed validation was replaced: start from scratch
+        names = ChildNames(meta["name"], meta["namespace"])
+        obs = Observed(external_redis=bool(job.spec.weight_sync.redis.external_url))
+        return _Pass(body, job, names, stored, prev, generation, now, full, obs)
 
-        names = ChildNames(name, ns)
-        managed = not job.spec.weight_sync.redis.external_url
-        obs = Observed(external_redis=not managed)
-        preflight_due = full or prev.observed_generation != generation or self._had_preflight_error(prev)
-        if preflight_due:
-            reason, message = self._preflight(job)
-            if reason:
-                gang = self.kube.get("batch/v1", "Job", ns, names.trainer)
-                outcome = preflight_outcome(reason, gang is not None)
-                if outcome == "hold":
-                    self._hold(body, stored, generation, reason, message, now)
-                    return
-                obs.preflight_reason, obs.preflight_message = reason, message
-                if outcome == "fail":
-                    self._delete_gang(names)  # gang objects without a Job: nothing may be left holding resources
-                    decision = _fail(reason, message)
-                else:
-                    decision = decide_trainer(job, prev, obs, now, lambda _: 0)
-                st = compute_status(job, generation, prev, obs, decision, 0, None, None, now)
-                self._write_status(body, stored, st)
-                return
+    def _stopped_by_preflight(self, step: _Pass) -> bool:
+        """Run the checks the schema cannot make (on spec changes, full passes and while one
+        failed); a failed check settles the pass: hold, fail, or report the running gang."""
+        if not (step.full or step.spec_changed or self._had_preflight_error(step.prev)):
+            return False
+        reason, message = self._preflight(step.job)
+        if not reason:
+            return False
+        gang = self.kube.get("batch/v1", "Job", step.names.namespace, step.names.trainer)
+        outcome = preflight_outcome(reason, gang is not None)
+        if outcome == "hold":
+            self._hold(step.body, step.stored, step.generation, reason, message, step.now)
+            return True
+        step.obs.preflight_reason, step.obs.preflight_message = reason, message
+        if outcome == "fail":
+            self._delete_gang(step.names)  # gang objects without a Job: nothing may be left holding resources
+            decision = _fail(reason, message)
+        else:
+            decision = decide_trainer(step.job, step.prev, step.obs, step.now, lambda _: 0)
+        st = compute_status(step.job, step.generation, step.prev, step.obs, decision, 0, None, None, step.now)
+        self._write_status(step.body, step.stored, st)
+        return True
 
-        self._observe_children(job, names, obs)
-        decision = decide_trainer(job, prev, obs, now, self.settings.restart_backoff)
-        metrics, backlog, metrics_error = self._observe_redis(
-            job, full=full, final=decision.action in ("succeeded", "fail")
-        )
-        scaled_at = parse_time(prev.last_scale_time)
-        current, desired = rollout_replicas(
-            job,
-            obs.rollout,
-            backlog,
-            forced_off=rollouts_forced_off(job, decision),
-            seconds_since_scale=None if scaled_at is None else now - scaled_at,
-        )
-
+    def _apply_children(
+        self, step: _Pass, decision: TrainerDecision, desired: int, *, rescale: bool
+    ) -> tuple[TrainerDecision, tuple[str, str] | None]:
+        """Render and apply the children, the gang only when the decision (re)creates or updates
+        it, and delete a gang the decision ends. Returns the decision as carried out (a gang still
+        going holds its successor back) and (reason, message) when the pass must hold instead."""
+        job, obs, names = step.job, step.obs, step.names
         plan = RenderPlan(
-            uid=uid,
+            uid=step.body["metadata"]["uid"],
             rollout_replicas=desired,
             trainers_suspended=job.spec.suspend,
             operator_namespace=self.settings.namespace,
@@ -217,46 +262,45 @@ class Reconciler:
         # the ConfigMap); other deletions are found by a periodic look at the children.
         missing = (
             obs.rollout is None
-            or (managed and obs.redis is None)
+            or (not obs.external_redis and obs.redis is None)
             or (creating and decision.action == "apply")
-            or (not full and self._child_deleted(others, names, managed, now))
+            or (not step.full and self._child_deleted(others, names, not obs.external_redis, step.now))
         )
-        apply_trainer = decision.action == "apply" and (creating or full or prev.observed_generation != generation)
+        apply_trainer = decision.action == "apply" and (creating or step.full or step.spec_changed)
         if apply_trainer and creating and self._gang_terminating(trainer):
             # The previous gang's objects are still going (a PodGroup waits for its pods): a new
             # Job must not join a group that is about to vanish. Try again next pass.
             decision = TrainerDecision("wait", "GangRestarting", "waiting for the previous gang objects to go")
             apply_trainer = False
+        everything = step.full or missing or step.spec_changed
         held = self._apply(
-            job,
-            uid,
-            others,
-            trainer if apply_trainer else [],
-            everything=full or missing or prev.observed_generation != generation,
-            rescale=desired != current,
+            job, plan.uid, others, trainer if apply_trainer else [], everything=everything, rescale=rescale
         )
         if held:
-            self._hold(body, stored, generation, *held, now)
-            return
+            return decision, held
         if not apply_trainer and decision.action in ("restart", "delete", "fail"):
             self._delete_gang(names)
         if decision.action in ("restart", "fail") and decision.failed_uid:
             prom.GANG_RESTARTS.inc()
+        return decision, None
 
-        st = compute_status(job, generation, prev, obs, decision, desired, metrics, metrics_error, now)
+    def _report(self, step: _Pass, decision: TrainerDecision, st: RLJobStatus, desired: int) -> None:
+        """Status, the restart event and the job's gauges."""
+        prev, job = step.prev, step.job
         if desired != (prev.rollout_replicas_desired if prev.rollout_replicas_desired is not None else desired):
-            st.last_scale_time = iso(now)
+            st.last_scale_time = iso(step.now)
         if decision.action == "restart":
             self.post_event(
-                body,
+                step.body,
                 "Warning",
                 "GangRestart",
                 f"{decision.message}; restarting all trainers (restart {st.restarts}/{job.spec.restart_limit})",
             )
+        ns, name = step.names.namespace, step.names.job
         prom.JOB_STEP.labels(ns, name).set(st.step or 0)
         prom.JOB_REWARD.labels(ns, name).set(st.mean_reward or 0.0)
         prom.ROLLOUT_DESIRED.labels(ns, name).set(desired)
-        self._write_status(body, stored, st)
+        self._write_status(step.body, step.stored, st)
 
     def _observe_children(self, job: RLJob, names: ChildNames, obs: Observed) -> None:
         """Read the children the pass decides on: the trainer Job and its pods, the rollout
