@@ -7,6 +7,7 @@ first so a restart is never counted twice from a stale status.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
 import secrets as pysecrets
@@ -505,8 +506,6 @@ class Reconciler:
         that name belongs to someone else, a deleted RLJob of the same name whose children the
         garbage collector has not removed yet. Adopting it would hand this job a password that
         disappears with it."""
-        import base64
-
         memory = self.memory(job.metadata.namespace, job.metadata.name)
         names = ChildNames(job.metadata.name, job.metadata.namespace)
         found = self.kube.get("v1", "Secret", names.namespace, names.redis_secret)
@@ -529,18 +528,16 @@ class Reconciler:
                 f"Secret {names.redis_secret} belongs to another owner (a deleted RLJob of the same name?); "
                 "waiting for it to be deleted"
             )
-        memory.password = base64.b64decode(found.get("data", {}).get("password", "")).decode()
+        memory.password = _secret_password(found)
         return None
 
     def _password(self, job: RLJob) -> str:
         memory = self.memory(job.metadata.namespace, job.metadata.name)
         if memory.password is None:
-            import base64
-
             secret = self.kube.get("v1", "Secret", job.metadata.namespace, redis_password_secret(job))
             if secret is None:
                 return ""  # not created yet: nothing to remember (_ensure_secret creates it)
-            memory.password = base64.b64decode(secret.get("data", {}).get("password", "")).decode()
+            memory.password = _secret_password(secret)
         return memory.password
 
     def _read_redis(self, job: RLJob, retry_now: bool = False) -> tuple[TrainerMetrics | None, int | None, str | None]:
@@ -654,6 +651,10 @@ def _stored_status(body: dict[str, Any]) -> RLJobStatus:
         return RLJobStatus.model_validate(body.get("status") or {})
     except ValidationError:
         return RLJobStatus()
+
+
+def _secret_password(secret: dict[str, Any]) -> str:
+    return base64.b64decode(secret.get("data", {}).get("password", "")).decode()
 
 
 def _refused(exc: ApiError) -> bool:
