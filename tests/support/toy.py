@@ -182,7 +182,7 @@ def run_toy_training(
     }
     if out and gang.is_main:
         torch.save(result, out)
-    close_gang(gang)
+    close_gang(gang, finished=True)
     return result
 
 

@@ -77,7 +77,12 @@ def _member(args: argparse.Namespace) -> None:
     all_reduce_sum(gang, torch.ones(1))  # the first main-group collective, under the short timeout
     out = {"growth": growth, "step": resumed.step if resumed else None, "rng": torch.get_rng_state()}
     torch.save({**out, **_trainer_state(trainer)}, args.out)
-    close_gang(gang)
+    if args.closing_marker and gang.rank == 1:
+        time.sleep(2)  # a peer still busy after the last collective (writing its results, say)
+        Path(args.closing_marker).touch()
+    close_gang(gang, finished=True)
+    if args.closing_marker and gang.rank == 0:  # what rank 0 could see once its close returned
+        Path(args.out).with_suffix(".closed").write_text(str(Path(args.closing_marker).exists()))
 
 
 def _trainer_state(trainer: GRPOTrainer) -> dict[str, Any]:
@@ -91,6 +96,7 @@ def _main() -> None:
     parser.add_argument("--vocab", type=int, default=SMALL_VOCAB)
     parser.add_argument("--load-delay", type=float, default=0.0)
     parser.add_argument("--read-delay", type=float, default=0.0)
+    parser.add_argument("--closing-marker", default="")
     _member(parser.parse_args())
 
 
@@ -195,6 +201,18 @@ def test_a_member_starting_and_loading_later_than_the_collective_timeout_joins(t
     states = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     assert states[0]["step"] == states[1]["step"] == 5
     _assert_same(states[0]["model"], states[1]["model"])
+
+
+@pytest.mark.slow
+def test_a_finished_member_leaves_the_gang_only_with_its_peers(tmp_path: Path) -> None:
+    """Rank 1 is still busy after the last collective: rank 0's close waits for it, so it does not
+    exit (ending the rendezvous store and its gloo connections) under a peer that still uses them."""
+    _save_checkpoint(tmp_path, SMALL_VOCAB)
+    port = free_port()
+    marker = tmp_path / "rank1-closing"
+    outs = [tmp_path / f"rank{r}.pt" for r in range(2)]
+    _finish([_start(r, port, tmp_path, outs[r], "--closing-marker", str(marker)) for r in range(2)])
+    assert outs[0].with_suffix(".closed").read_text() == "True"
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import functools
+import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+log = logging.getLogger(__name__)
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
 DEFAULT_CONTROL_TIMEOUT_S = 24 * 3600.0
@@ -107,8 +110,17 @@ def rendezvous_store(rank: int, world_size: int, timeout_s: float) -> dist.TCPSt
     )
 
 
-def close_gang(gang: Gang) -> None:
+def close_gang(gang: Gang, *, finished: bool = False) -> None:
+    """Leave the process group. After a clean finish (`finished`) wait for every rank first, so no
+    rank exits, closing its gloo connections (and on rank 0 the rendezvous store), while a peer
+    still uses them: that can abort the peer at exit. After a failure, do not wait: a peer may be
+    dead."""
     if gang.distributed and dist.is_initialized():
+        if finished:
+            try:
+                control_barrier(gang)
+            except RuntimeError as exc:  # a peer left early: this rank's work is done all the same
+                log.warning("trainer rank %d: a peer left before the gang closed (%s)", gang.rank, exc)
         dist.destroy_process_group()
 
 

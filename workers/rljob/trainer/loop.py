@@ -84,6 +84,7 @@ def run_trainer(
     gang = init_gang(device, rank=rank, world_size=world_size)
     client = writer = coordinator = None
     metrics = TrainerMetrics(total_steps=job.spec.grpo.total_steps)
+    finished = False
     try:
         if gang.is_main:
             from rljob.redis_client import connect
@@ -105,6 +106,7 @@ def run_trainer(
         _train(job, gang, device, writer, coordinator, checkpoint_dir, progress)
         if writer is not None:
             writer.finish(metrics, succeeded=True)
+        finished = True
     except BaseException as exc:
         if writer is not None:
             try:
@@ -113,7 +115,7 @@ def run_trainer(
                 log.exception("could not record the failure in Redis")
         raise
     finally:
-        close_gang(gang)
+        close_gang(gang, finished=finished)
         if client is not None:
             client.close()
 
