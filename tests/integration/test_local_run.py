@@ -113,9 +113,13 @@ def test_ctrl_c_stops_every_child(tmp_path, tiny_model, started_with_sigint_igno
     assert (results / "metrics.jsonl").exists(), "the run never reached its first step"
     os.killpg(proc.pid, signal.SIGINT)
     if twice:
-        time.sleep(1.0)  # the rollout worker is finishing its batch: the shutdown is under way
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGINT)
+        # Ctrl-C again and again until the run is gone: during the shutdown (the rollout worker
+        # is finishing its batch) and after it, while the process exits.
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
     assert "interrupted" in out

@@ -107,6 +107,7 @@ class LocalRun:
         # Ctrl-C stops the run even where SIGINT came in ignored: a shell starts background jobs
         # (`rljob run ... &`, nohup, some CI runners) with SIGINT ignored, and Python then keeps it so.
         previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+        interrupted = False
         try:
             redis.start()  # inside the try: an interrupt right after it still stops it
             print(f"[rljob] embedded redis-server on 127.0.0.1:{redis.port}; results in {self.results_dir}", flush=True)
@@ -130,12 +131,15 @@ class LocalRun:
                 trainers.append(self._spawn(f"trainer-{rank}", ["train"], env, to_console=rank == 0))
             return self._supervise(trainers, redis)
         except KeyboardInterrupt:
+            interrupted = True
             print("\n[rljob] interrupted: stopping workers and trainers", file=sys.stderr, flush=True)
             return 130
         finally:
             self._shut_down(redis)
-            signal.signal(signal.SIGTERM, previous)
-            signal.signal(signal.SIGINT, previous_int)
+            # An interrupted run is on its way out with 130: a Ctrl-C pressed again after the
+            # shutdown must not turn that into death by SIGINT.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN if interrupted else previous)
+            signal.signal(signal.SIGINT, signal.SIG_IGN if interrupted else previous_int)
 
     def _shut_down(self, redis: EmbeddedRedis) -> None:
         """Stop the children, then redis-server, whatever arrives meanwhile. Every child runs in a
