@@ -122,7 +122,9 @@ def ns(cluster) -> Iterator[str]:
 
 
 def real_job(name: str, steps: int, **spec: Any) -> dict[str, Any]:
-    """A job small enough for two cores: the bundled SmolLM2-135M, 2 questions x 4 samples a step."""
+    """A job small enough for two cores: the bundled SmolLM2-135M, 2 questions x 4 samples a step.
+    No evaluation unless a test asks for one: each is a greedy round before the first step and
+    after the last, seconds of two cores that only the tests reading its results should spend."""
     doc = {
         "apiVersion": "rljob.dev/v1alpha1",
         "kind": "RLJob",
@@ -156,7 +158,7 @@ def real_job(name: str, steps: int, **spec: Any) -> dict[str, Any]:
             },
             "trainer": {"replicas": 1, "resources": {"cpu": "1", "memory": "4Gi"}},
             "weightSync": {"redis": {"memory": "512Mi", "persistence": True, "storage": "1Gi"}},
-            "eval": {"interval": steps, "questions": 8},
+            "eval": {"interval": 0},
             "restartLimit": 2,
         },
     }
@@ -226,7 +228,7 @@ def number(cell: str) -> float | None:
 
 
 def test_a_small_job_trains_through_the_operators_manifests(ops: Ops, hostlet: HostletProcess, ns: str) -> None:
-    ops.apply(ns, real_job("real", steps=4))
+    ops.apply(ns, real_job("real", steps=4, eval={"interval": 4, "questions": 8}))
     rows = watch_columns(ops, ns, "real", "Succeeded", timeout=600)
     steps = [int(s) for r in rows if (s := r.get("STEP", "<none>")).isdigit()]
     assert any(0 < s < 4 for s in steps) and steps[-1] == 4, rows  # seen advancing, not only at the end
@@ -398,7 +400,8 @@ def test_suspend_stops_the_processes_and_resume_continues_from_the_checkpoint(
 
 
 def test_a_two_member_gang_trains_through_the_rendered_rendezvous(ops: Ops, hostlet: HostletProcess, ns: str) -> None:
-    ops.apply(ns, real_job("gang", steps=2, trainer={"replicas": 2}))
+    # Evaluations on: rank 1 waits in a collective while rank 0 alone drives them.
+    ops.apply(ns, real_job("gang", steps=2, trainer={"replicas": 2}, eval={"interval": 2, "questions": 8}))
     watch_columns(ops, ns, "gang", "Succeeded", timeout=600)
     pods = sorted(ops.pods(ns, "trainer", "gang"), key=lambda p: p["metadata"]["name"])
     assert len(pods) == 2
