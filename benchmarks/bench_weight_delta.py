@@ -50,10 +50,10 @@ import torch
 
 from rljob.embedded_redis import EmbeddedRedis
 from rljob.keys import JobKeys
-from rljob.weights import EncodedDelta, WeightPublisher, WeightReader, store
+from rljob.weights import WeightPublisher, WeightReader, store
 from rljob.weights.apply import apply_stream
 from rljob.weights.checksum import bf16_bits, format_sum
-from rljob.weights.codec import from_ordered, to_ordered
+from rljob.weights.codec import EncodedDelta, from_ordered, to_ordered
 from rljob.weights.parallel import default_threads
 from rljob.weights.reader import verify_checksums
 

@@ -116,7 +116,7 @@ def test_special_values_roundtrip():
 def test_none_changed_is_empty(shape):
     old = random_bits(np.random.default_rng(1), shape)
     enc = roundtrip(old, old.copy())
-    assert enc.nbytes == 0 and enc.count == 0 and enc.streams == ()
+    assert len(enc.payload()) == 0 and enc.count == 0 and enc.streams == ()
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -128,7 +128,7 @@ def test_all_changed_is_small(shape):
     enc = roundtrip(old, new.reshape(old.shape))
     assert enc.count == old.size and enc.gap_width == enc.step_width == 1
     if old.size > 1000:
-        assert enc.nbytes / enc.count < 0.05
+        assert len(enc.payload()) / enc.count < 0.05
 
 
 def test_zero_dim_tensor_roundtrips_through_torch():
@@ -177,7 +177,7 @@ def test_small_updates_are_compact():
     for density in (0.005, 0.01):
         enc = encode_delta(old, nudge(rng, old, density))
         assert enc.step_width == 1 and enc.gap_width in (1, 2)
-        assert enc.nbytes / enc.count < 2.0
+        assert len(enc.payload()) / enc.count < 2.0
 
 
 def test_ordered_mapping_is_a_bijection_and_ulp_steps_wrap_exactly():
@@ -282,9 +282,9 @@ def test_find_changes_matches_a_plain_compare_and_advances_in_place(size, densit
     assert np.array_equal(base, new)
 
 
-def test_change_sum_keeps_its_definition_and_offsets_positions():
+def test_change_sum_keeps_its_definition():
     """The sum is a contract between publisher and reader: check it against the formula in plain
-    Python integers, and that `offset` equals shifting every position."""
+    Python integers."""
     from rljob.weights.checksum import _VALUE_HASH
 
     rng = np.random.default_rng(5)
@@ -294,7 +294,6 @@ def test_change_sum_keeps_its_definition_and_offsets_positions():
     table = [int(v) for v in _VALUE_HASH]
     reference = sum((2 * int(p) + 1) * (table[n] - table[o]) for p, o, n in zip(positions, old, new, strict=True))
     assert change_sum(positions, old, new) == reference % 2**64
-    assert change_sum(positions, old, new, offset=12345) == change_sum(positions + 12345, old, new)
     small = positions >> 12  # < 2**31: the same sum from int32 positions
     assert change_sum(small.astype(np.int32), old, new) == change_sum(small, old, new)
 
@@ -325,7 +324,7 @@ def test_wide_steps_are_coded_in_two_planes_and_roundtrip():
         (to_ordered(old).astype(np.int32) + steps * rng.choice([-1, 1], old.size)).clip(-32768, 32767).astype(np.int16)
     )
     enc = roundtrip(old, new)
-    assert enc.step_width == 2 and enc.nbytes / enc.count < 2.0
+    assert enc.step_width == 2 and len(enc.payload()) / enc.count < 2.0
 
 
 @pytest.mark.parametrize(

@@ -158,7 +158,7 @@ def test_threads_do_not_change_the_published_bytes(redis_client):
 def test_gc_paused_defers_collection_and_restores_the_previous_state():
     import gc
 
-    from rljob.weights.gcpause import gc_paused
+    from rljob.weights.parallel import gc_paused
 
     assert gc.isenabled()
     with gc_paused():

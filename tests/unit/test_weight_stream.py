@@ -107,18 +107,19 @@ def test_gather_and_scatter_bits_on_bf16_and_fp32():
         assert t.tolist() == [1.0, 7.0, 3.5, -0.0] and str(t[3].item()) == "-0.0"
 
 
-def test_gather_into_out_and_whole_tensor_gather_and_scatter():
-    """`out` receives the gathered patterns (apply_stream's per-tensor slices of one buffer); with
-    no positions every element is read or written; NaN payloads, infinities and -0 keep their bits
-    on both target dtypes."""
+def test_gather_into_out_and_every_element_gather_and_scatter():
+    """`out` receives the gathered patterns (apply_stream's per-tensor slices of one buffer); every
+    element can be read or written; NaN payloads, infinities and -0 keep their bits on both target
+    dtypes."""
     patterns = np.array([0x7FC1, 0xFF80, 0x8000, 0x3F80, 0x0001, 0xC2F7], dtype=np.uint16)
+    everywhere = np.arange(patterns.size, dtype=np.int64)
     for dtype in (torch.bfloat16, torch.float32):
         t = torch.from_numpy(patterns.view(np.int16).copy()).view(torch.bfloat16).to(dtype)
         buffer = np.full(4, 0xAAAA, dtype=np.uint16)
         got = gather_bits(t, np.array([5, 0, 2], dtype=np.int64), out=buffer[1:])
         assert np.shares_memory(got, buffer) and buffer.tolist() == [0xAAAA, 0xC2F7, 0x7FC1, 0x8000]
-        assert gather_bits(t, None).tolist() == patterns.tolist()
-        scatter_bits(t, None, patterns[::-1].copy())
+        assert gather_bits(t, everywhere).tolist() == patterns.tolist()
+        scatter_bits(t, everywhere, patterns[::-1].copy())
         assert bf16_bits(t, exact=True).tolist() == patterns[::-1].tolist()
         scatter_bits(t, np.array([0, 5], dtype=np.int64), np.array([0x0002, 0xFFFF], dtype=np.uint16))
         expected = patterns[::-1].copy()

@@ -10,7 +10,7 @@ hold after, for the reader to compare with the manifest.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -18,8 +18,6 @@ import torch
 from rljob.weights.checksum import change_sum
 from rljob.weights.codec import DeltaFormatError, EncodedDelta, decode_positions, decode_steps, ulp_unzigzag
 from rljob.weights.parallel import TensorPool
-
-SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
 
 
 def named_tensors(source: Mapping[str, torch.Tensor] | torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -30,46 +28,40 @@ def named_tensors(source: Mapping[str, torch.Tensor] | torch.nn.Module) -> dict[
 
 
 def _flat(tensor: torch.Tensor) -> torch.Tensor:
-    if tensor.dtype not in SUPPORTED_DTYPES:
+    if tensor.dtype not in (torch.bfloat16, torch.float32):
         raise TypeError(f"weights must be bf16 or fp32 to receive bf16 values, got {tensor.dtype}")
     if not tensor.is_contiguous():
         raise ValueError("weights must be contiguous to be updated in place")
     return tensor.detach().view(-1)
 
 
-def gather_bits(tensor: torch.Tensor, positions: np.ndarray | None, out: np.ndarray | None = None) -> np.ndarray:
-    """The bf16 patterns `tensor` holds at flat `positions` (all when None), as uint16, in `out`
-    when given. An fp32 target holds bf16 values exactly, so its upper 16 bits are the pattern (NaN
-    payloads too). The same torch ops on every device; only the result crosses to the host."""
+def gather_bits(tensor: torch.Tensor, positions: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The bf16 patterns `tensor` holds at flat `positions`, as uint16, in `out` when given. An
+    fp32 target holds bf16 values exactly, so its upper 16 bits are the pattern (NaN payloads too).
+    The same torch ops on every device; only the result crosses to the host."""
     flat = _flat(tensor)
-    count = flat.numel() if positions is None else positions.size
-    out = np.empty(count, dtype=np.uint16) if out is None else out
-    index = None if positions is None else torch.from_numpy(positions).to(flat.device)
+    out = np.empty(positions.size, dtype=np.uint16) if out is None else out
+    index = torch.from_numpy(positions).to(flat.device)
     if flat.dtype == torch.bfloat16:
-        memory = flat.view(torch.int16)
-        picked = memory if index is None else memory.index_select(0, index)
+        picked = flat.view(torch.int16).index_select(0, index)
     else:
-        words = flat.view(torch.int32)
-        picked = ((words if index is None else words.index_select(0, index)) >> 16).to(torch.int16)
+        picked = (flat.view(torch.int32).index_select(0, index) >> 16).to(torch.int16)
     torch.from_numpy(out.view(np.int16)).copy_(picked)
     return out
 
 
-def scatter_bits(tensor: torch.Tensor, positions: np.ndarray | None, values: np.ndarray) -> None:
-    """Write bf16 patterns `values` at flat `positions` of `tensor` (all when None), in place. An
-    fp32 target gets each pattern as its upper 16 bits, lower zero (exactly the bf16 value)."""
+def scatter_bits(tensor: torch.Tensor, positions: np.ndarray, values: np.ndarray) -> None:
+    """Write bf16 patterns `values` at flat `positions` of `tensor`, in place. An fp32 target gets
+    each pattern as its upper 16 bits, lower zero (exactly the bf16 value)."""
     flat = _flat(tensor)
     patterns = torch.from_numpy(np.ascontiguousarray(values).view(np.int16)).to(flat.device)
     if flat.dtype == torch.bfloat16:
         memory = flat.view(torch.int16)
     else:
         memory, patterns = flat.view(torch.int32), patterns.to(torch.int32) << 16  # the shift drops the sign
+    index = torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64)).to(flat.device)
     with torch.no_grad():
-        if positions is None:
-            memory.copy_(patterns)
-        else:
-            index = torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64)).to(flat.device)
-            memory.scatter_(0, index, patterns)
+        memory.scatter_(0, index, patterns)
 
 
 def apply_stream(
@@ -116,17 +108,7 @@ def apply_stream(
 
 
 def write_full(tensor: torch.Tensor, values: torch.Tensor) -> None:
-    """Copy bf16 `values` into `tensor` in place (shape must match)."""
+    """Copy bf16 `values` into `tensor` in place (the caller checked that the shapes match)."""
     flat = _flat(tensor)
-    if tuple(tensor.shape) != tuple(values.shape):
-        raise ValueError(f"shape mismatch: target {tuple(tensor.shape)}, published {tuple(values.shape)}")
     with torch.no_grad():
         flat.copy_(values.reshape(-1))
-
-
-def ensure_target(target: MutableMapping[str, torch.Tensor], name: str, values: torch.Tensor) -> None:
-    """For a dict target: write into the existing tensor, or add a bf16 copy when the name is new."""
-    if name in target:
-        write_full(target[name], values)
-    else:
-        target[name] = values.clone()

@@ -42,10 +42,10 @@ def find_changes(old_bits: np.ndarray, new_bits: np.ndarray | BlockSource, *, ad
 
     One pass in cache-sized blocks into a reused bool buffer (a plain ``np.flatnonzero(old != new)``
     writes and rereads a mask the size of the tensor); the values are gathered while their block
-    is still in cache. With `advance`, `old_bits` (which must
-    then be a writable flat uint16 array) is updated to the new values on the way, for the same
-    reason. `new_bits` may be a function (start, stop) -> uint16 block, so that a caller can make
-    each block just before it is compared (the publisher casts fp32 to bf16 that way, in cache).
+    is still in cache. With `advance`, `old_bits` (then a writable flat uint16 array) is updated to
+    the new values on the way, for the same reason. `new_bits` may be a function (start, stop) ->
+    uint16 block, so that a caller can make each block just before it is compared (the publisher
+    casts fp32 to bf16 that way, in cache).
     """
     old = as_flat_bits(old_bits)
     if callable(new_bits):
@@ -65,8 +65,13 @@ def find_changes(old_bits: np.ndarray, new_bits: np.ndarray | BlockSource, *, ad
     for start in range(0, old.size, _COMPARE_BLOCK):
         stop = min(start + _COMPARE_BLOCK, old.size)
         old_block, new_block = old[start:stop], block_of(start, stop)
-        hit, was, now = _block_changes(old_block, new_block, scratch, advance)
+        differ = scratch[: stop - start]
+        np.not_equal(old_block, new_block, out=differ)
+        hit = np.flatnonzero(differ)
         if hit.size:
+            was, now = old_block[hit], new_block[hit]
+            if advance:
+                old_block[hit] = now
             hit += start
             found.append((hit, was, now))
     if not found:
@@ -74,19 +79,6 @@ def find_changes(old_bits: np.ndarray, new_bits: np.ndarray | BlockSource, *, ad
     if len(found) == 1:
         return Changes(*found[0])
     return Changes(*(np.concatenate(parts) for parts in zip(*found, strict=True)))
-
-
-def _block_changes(
-    old: np.ndarray, new: np.ndarray, scratch: np.ndarray, advance: bool
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Changes within one block (positions local to it), the flags in a reused buffer."""
-    differ = scratch[: old.size]
-    np.not_equal(old, new, out=differ)
-    hit = np.flatnonzero(differ)
-    was, now = old[hit], new[hit]
-    if advance:
-        old[hit] = now
-    return hit, was, now
 
 
 def merge_changes(parts: Sequence[Changes], sizes: Sequence[int]) -> tuple[Changes, int]:

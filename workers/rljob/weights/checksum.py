@@ -45,14 +45,12 @@ _VALUE_HASH = _splitmix64(np.arange(1 << 16, dtype=_U64) + _U64(0x5EED_0000))
 _VALUE_HASH.setflags(write=False)
 
 
-def change_sum(positions: np.ndarray, old: np.ndarray, new: np.ndarray, offset: int = 0) -> int:
-    """sum_i (2 (p_i + offset) + 1) * (T[new_i] - T[old_i]) mod 2^64 over changed positions p_i
-    (any superset of the changed positions gives the same sum: unchanged elements contribute zero).
+def change_sum(positions: np.ndarray, old: np.ndarray, new: np.ndarray) -> int:
+    """sum_i (2 p_i + 1) * (T[new_i] - T[old_i]) mod 2^64 over changed positions p_i (any superset
+    of the changed positions gives the same sum: unchanged elements contribute zero).
 
-    `offset` is added to every position, so a caller holding positions local to a tensor gets the
-    sum of their model-wide positions without shifting them. Computed as
-    2 * dot(d, p) + (2 offset + 1) * sum(d), d = T[new] - T[old], block by block in reused buffers
-    that stay in cache (uint64 arithmetic wraps mod 2^64, as intended).
+    Computed as 2 * dot(d, p) + sum(d), d = T[new] - T[old], block by block in reused buffers that
+    stay in cache (uint64 arithmetic wraps mod 2^64, as intended).
     """
     count = positions.size
     if count == 0:
@@ -73,7 +71,7 @@ def change_sum(positions: np.ndarray, old: np.ndarray, new: np.ndarray, offset: 
         d -= e
         weighted += int(np.dot(d, where[a:b]))
         total += int(d.sum())
-    return (2 * weighted + (2 * offset + 1) * total) & _MASK64
+    return (2 * weighted + total) & _MASK64
 
 
 def format_sum(value: int) -> str:
@@ -103,10 +101,7 @@ def bits_checksum(bits: np.ndarray) -> str:
 def tensor_checksum(tensor: torch.Tensor, start: int = 0, stop: int | None = None) -> str:
     """Checksum of the bf16 bit pattern a reader's tensor holds in [start, stop) of its flat view
     (fp32 targets: exact upper halves)."""
-    flat = tensor.detach().reshape(-1)
-    if start or stop is not None:
-        flat = flat[start:stop]
-    return bits_checksum(bf16_bits(flat, exact=True))
+    return bits_checksum(bf16_bits(tensor.detach().reshape(-1)[start:stop], exact=True))
 
 
 def chunk_crc(data: bytes | memoryview) -> int:

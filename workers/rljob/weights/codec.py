@@ -15,7 +15,6 @@ A step needs the old value, so the reader must hold exactly the base version; it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +22,7 @@ import numpy as np
 from zlib_ng import zlib_ng
 
 from rljob.weights.changes import Changes
+from rljob.weights.parallel import TensorPool
 
 WIDTHS = (1, 2, 4, 8)
 
@@ -41,10 +41,6 @@ class EncodedDelta:
     gap_width: int = 1
     step_width: int = 1
     streams: tuple[bytes, ...] = ()
-
-    @property
-    def nbytes(self) -> int:
-        return sum(len(s) for s in self.streams)
 
     def payload(self) -> bytes:
         return b"".join(self.streams)
@@ -129,18 +125,9 @@ def _inflated_planes(stream: bytes, count: int, width: int, dtype: type[np.integ
     return out
 
 
-Jobs = Callable[[Sequence[Callable[[], Any]]], list[Any]]
-
-
-def _in_turn(jobs: Sequence[Callable[[], Any]]) -> list[Any]:
-    return [job() for job in jobs]
-
-
-def encode(
-    changes: Changes, numel: int, run: Callable[[Sequence[Callable[[], Any]]], list[Any]] = _in_turn
-) -> EncodedDelta:
-    """The coding of `changes` to a flat array of `numel` values. `run` runs the two streams'
-    jobs (a thread pool's map: zlib releases the GIL); the result does not depend on it."""
+def encode(changes: Changes, numel: int, pool: TensorPool | None = None) -> EncodedDelta:
+    """The coding of `changes` to a flat array of `numel` values. The two streams are coded side by
+    side on `pool` (zlib releases the GIL); the result does not depend on it."""
     if changes.count == 0:
         return EncodedDelta(numel, 0)
     if int(changes.positions[-1]) >= numel:
@@ -158,7 +145,7 @@ def encode(
         width = _width(int(step.max()))
         return width, _deflated_planes(step, width)
 
-    (gap_width, gap_stream), (step_width, step_stream) = run([gaps, steps])
+    (gap_width, gap_stream), (step_width, step_stream) = (pool or TensorPool(1)).map(lambda job: job(), [gaps, steps])
     return EncodedDelta(numel, changes.count, gap_width, step_width, (gap_stream, step_stream))
 
 

@@ -74,10 +74,3 @@ class Manifest(BaseModel):
     change_sum: str | None = Field(
         None, description="Delta only: hex `checksum.change_sum` over `stream`'s positions (old -> new)."
     )
-
-    def to_json(self) -> bytes:
-        return self.model_dump_json().encode()
-
-    @classmethod
-    def from_json(cls, raw: bytes | str) -> Manifest:
-        return cls.model_validate_json(raw)

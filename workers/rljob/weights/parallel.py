@@ -1,4 +1,5 @@
-"""A small reusable thread pool for the per-tensor work of publishing and applying a version.
+"""What keeps publishing and applying a version fast: a small reusable thread pool for its
+per-tensor work, and the cyclic garbage collector held off while it runs.
 
 Tensors are independent, and numpy, torch and hashlib release the GIL for the bulk of the work
 (casts, compares, gathers, hashes), so the per-tensor work of a version spreads over cores.
@@ -7,14 +8,33 @@ Tensors are independent, and numpy, torch and hashlib release the GIL for the bu
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Disable the cyclic GC for the block (reference counting still frees memory); nests safely.
+
+    A version allocates a few thousand small objects (the manifest's entries), which can trigger a
+    full collection, longer than a whole delta, in the middle of a sync. The collection is
+    deferred, not skipped: it runs between versions, where nobody waits on it.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def cgroup_cpu_limit(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> float | None:
@@ -48,12 +68,11 @@ def default_threads() -> int:
 def one_torch_thread_here() -> None:
     """Make torch's own ops run on one core in the calling thread only.
 
-    A pool thread is one of `threads` already spread over the cores. Left alone, each torch op in
+    A pool thread is one of `threads` already spread over the cores; left alone, each torch op in
     it (the publisher's cast, the reader's scatter) starts an OpenMP team of every core.
-    `torch.set_num_threads(1)` cannot be used: it also changes the default of every thread the
-    process starts later. OpenMP's own `omp_set_num_threads` sets the calling thread's value only;
-    the `get_num_threads` first makes torch initialise this thread now, so that it does not
-    overwrite the value later. Without OpenMP (another torch build), nothing changes.
+    `torch.set_num_threads(1)` would also change the default of every thread started later; OpenMP's
+    `omp_set_num_threads` sets the calling thread's value only, after `get_num_threads` made torch
+    initialise this thread (else it would overwrite the value later). Without OpenMP, no change.
     """
     import torch
 

@@ -10,19 +10,15 @@ Redis (`resume`, run automatically before the first publish and after any failed
 always right, whatever checkpoint the trainer restarted from: the next delta is computed against
 what readers actually hold, and versions continue at latest + 1.
 
-Cost of a delta: one pass over the model (fp32 -> bf16 cast, fused per tensor into one reused
-buffer, and a compare with the baseline; a CPU bf16 input is compared in place), spread per tensor
-over a small thread pool. Then work in proportion to the changed values only: the changes of all
-tensors are encoded as one stream (`codec`) with one change sum, and the baseline is updated in
-place. SHA-256 covers 1/`check_versions` of the model per delta (a window
-that rotates with the version number), so every value is checked end to end at least every
-`check_versions` versions, at a fixed small cost per version.
+Cost of a delta: one pass over the model (fp32 -> bf16 cast fused with the compare against the
+baseline, `_delta`), then work in proportion to the changed values only. SHA-256 covers a window
+of 1/`check_versions` of the model that rotates with the version number, so every value is checked
+end to end at least every `check_versions` versions, at a fixed small cost per version.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 import uuid
@@ -41,12 +37,11 @@ from rljob.weights import store
 from rljob.weights.apply import named_tensors
 from rljob.weights.changes import BlockSource, Changes, find_changes, merge_changes
 from rljob.weights.checksum import bf16_bits, bits_checksum, change_sum, format_sum
-from rljob.weights.codec import EncodedDelta, encode
-from rljob.weights.gcpause import gc_paused
+from rljob.weights.codec import encode
 from rljob.weights.manifest import DeltaStream, Manifest, TensorEntry
-from rljob.weights.parallel import TensorPool
+from rljob.weights.parallel import TensorPool, gc_paused
 from rljob.weights.reader import WeightReader
-from rljob.weights.store import VersionConflictError, WeightStoreError
+from rljob.weights.store import MissingChunkError, VersionConflictError, WeightStoreError
 
 log = logging.getLogger(__name__)
 
@@ -55,31 +50,14 @@ _CAST_BLOCK = 1 << 20
 
 
 @dataclass
-class VersionDelta:
-    """A version's change: one stream over all tensors, its change sum, per-tensor counts and the
-    SHA-256 of each tensor's check window."""
-
-    stream: EncodedDelta
-    change_sum: int
-    changed: dict[str, int]
-    checksums: dict[str, str]
-
-    @property
-    def count(self) -> int:
-        return sum(self.changed.values())
-
-
-@dataclass
 class PublishResult:
     version: int
     kind: Literal["full", "delta"]
     bytes: int  # payload + manifest written to Redis
-    payload_bytes: int = 0
-    changed: int = 0  # bf16 values that differ from the previous version
-    numel: int = 0
-    encode_seconds: float = 0.0
-    write_seconds: float = 0.0
-    reason: str = ""  # why a full was written
+    payload_bytes: int
+    changed: int  # bf16 values that differ from the previous version
+    encode_seconds: float
+    reason: str  # why a full was written
 
 
 def _owned_bits(tensor: torch.Tensor) -> np.ndarray:
@@ -129,14 +107,8 @@ class WeightPublisher:
     @classmethod
     def from_spec(cls, redis_client: redis.Redis, keys: JobKeys, spec: WeightSyncSpec) -> WeightPublisher:
         """Build from the job config's `weightSync` section."""
-        return cls(
-            redis_client,
-            keys,
-            rebase_interval=spec.rebase_interval,
-            rebase_fraction=spec.rebase_fraction,
-            chunk_bytes=spec.chunk_bytes,
-            mode=spec.mode,
-        )
+        knobs = spec.model_dump(include={"rebase_interval", "rebase_fraction", "chunk_bytes", "mode"})
+        return cls(redis_client, keys, **knobs)
 
     @property
     def latest_version(self) -> int | None:
@@ -156,8 +128,7 @@ class WeightPublisher:
         """
         store.drop_orphans(self.client, self.keys)
         store.apply_retention(self.client, self.keys)
-        self._baseline = None
-        self._shapes, self._last, self._unreadable_latest = {}, None, None
+        self._baseline, self._shapes, self._last, self._unreadable_latest = None, {}, None, None
         latest = store.latest_version(self.client, self.keys)
         if latest is not None:
             shadow: dict[str, torch.Tensor] = {}
@@ -204,82 +175,67 @@ class WeightPublisher:
         shapes = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
         started = time.perf_counter()
         reason = self._full_reason(shapes)
-        delta: VersionDelta | None = None
-        if not reason:
-            windows = self._check_windows(version, {name: tensor.numel() for name, tensor in tensors.items()})
-            delta = self._encode_and_advance(tensors, windows)  # the baseline now holds this version
-            assert self._last is not None
-            chain_bytes = (self._last.chain_bytes if self._last.kind == "delta" else 0) + delta.stream.nbytes
-            if chain_bytes > self.rebase_fraction * self._last.full_bytes:
-                reason = f"delta chain {chain_bytes} B > {self.rebase_fraction} x full {self._last.full_bytes} B"
         if reason:
-            if delta is not None:
-                assert self._baseline is not None
-                bits, changed = self._baseline, delta.count
-            else:
-                bits = {name: _owned_bits(tensor) for name, tensor in tensors.items()}
-                changed = 0
-                if self._baseline is not None and shapes == self._shapes:
-                    changed = sum(int(np.count_nonzero(self._baseline[n] != bits[n])) for n in bits)
-            payload, manifest = self._full_manifest(version, bits, shapes, changed)
+            bits = {name: _owned_bits(tensor) for name, tensor in tensors.items()}
+            changed = 0
+            if self._baseline is not None and shapes == self._shapes:
+                changed = sum(int(np.count_nonzero(self._baseline[n] != bits[n])) for n in bits)
         else:
-            assert delta is not None
-            payload, manifest = self._delta_manifest(version, shapes, delta, windows)
-            bits = self._baseline
-        encode_seconds = time.perf_counter() - started
+            payload, manifest = self._delta(version, tensors)  # the baseline now holds this version
+            bits, changed = self._baseline, manifest.changed
+            if manifest.chain_bytes > self.rebase_fraction * manifest.full_bytes:
+                reason = f"delta chain {manifest.chain_bytes} B > {self.rebase_fraction} x full {manifest.full_bytes} B"
+        if reason:
+            payload, manifest = self._full(version, bits, shapes, changed)
+        result = self._commit(payload, manifest, reason, time.perf_counter() - started)
+        self._baseline, self._shapes = bits, shapes
+        return result
 
-        started = time.perf_counter()
-        manifest_bytes = self._write_and_commit(payload, manifest)
-        self._baseline = bits
-        self._shapes, self._last = shapes, manifest
+    def _commit(
+        self, payload: bytes, manifest: Manifest, reason: str, encode_seconds: float, *, replace: bool = False
+    ) -> PublishResult:
+        """Write the chunks under a fresh publish id, then commit (see store.commit); a refused
+        commit takes its chunks away again, and so does a replaced manifest once the commit landed.
+        After a full, the rebase request is answered and older versions are dropped."""
+        manifest.publish_id = uuid.uuid4().hex[:12]  # its own chunk keys, and the version's identity
+        manifest.chunks = store.write_chunks(
+            self.client, self.keys, manifest.version, payload, self.chunk_bytes, manifest.publish_id
+        )
+        try:
+            manifest_bytes = store.commit(self.client, self.keys, manifest, replace=replace)
+        except VersionConflictError:
+            if store.latest_with_id(self.client, self.keys) != (manifest.version, manifest.publish_id):
+                self._drop_chunks(manifest)
+                raise
+            # Our own commit, run again by the client's retry after its reply was lost.
+            log.warning("weight version %d had committed before its reply was lost", manifest.version)
+            manifest_bytes = len(manifest.model_dump_json().encode())
+        except MissingChunkError:
+            self._drop_chunks(manifest)
+            raise
+        if replace:
+            self._drop_chunks(self._last)
+        self._last = manifest
         if manifest.kind == "full":
             self.client.delete(self.keys.weights_rebase)
-            self._retain()
-        write_seconds = time.perf_counter() - started
-
+            try:  # the version has landed whatever happens here: log, and the next full retries
+                store.apply_retention(self.client, self.keys)
+            except (WeightStoreError, redis.RedisError) as exc:
+                log.warning("weight retention failed after a commit (the next full retries): %s", exc)
         return PublishResult(
-            version=version,
+            version=manifest.version,
             kind=manifest.kind,
             bytes=len(payload) + manifest_bytes,
             payload_bytes=len(payload),
             changed=manifest.changed,
-            numel=manifest.numel,
             encode_seconds=encode_seconds,
-            write_seconds=write_seconds,
             reason=reason,
         )
 
-    def _retain(self) -> None:
-        """Retention after a committed full. The version has landed whatever happens here, so a
-        failure is logged, not raised (the publish did not fail), and the next full retries."""
-        try:
-            store.apply_retention(self.client, self.keys)
-        except (WeightStoreError, redis.RedisError) as exc:
-            log.warning("weight retention failed after a commit (the next full retries): %s", exc)
-
-    def _write_and_commit(self, payload: bytes, manifest: Manifest, *, replace: bool = False) -> int:
-        """Write the chunks under a fresh publish id, then commit (see store.commit); a refused
-        commit takes its chunks away again. Returns the manifest's size."""
-        attempt = manifest.publish_id = uuid.uuid4().hex[:12]  # its own chunk keys, and the version's identity
-        manifest.chunks = store.write_chunks(
-            self.client, self.keys, manifest.version, payload, self.chunk_bytes, attempt
-        )
-        try:
-            return store.commit(self.client, self.keys, manifest, replace=replace)
-        except store.VersionConflictError:
-            if store.latest_with_id(self.client, self.keys) == (manifest.version, manifest.publish_id):
-                # Our own commit, run again by the client's retry after its reply was lost.
-                log.warning("weight version %d had committed before its reply was lost", manifest.version)
-                return len(manifest.to_json())
-            self._drop_chunks(manifest)
-            raise
-        except store.MissingChunkError:
-            self._drop_chunks(manifest)
-            raise
-
-    def _drop_chunks(self, manifest: Manifest) -> None:
-        """After a refused commit: no manifest will ever name these chunks."""
-        if manifest.chunks:
+    def _drop_chunks(self, manifest: Manifest | None) -> None:
+        """Chunks no manifest names any more: a refused commit's, or those of the manifest a re-export
+        replaced (a reader still fetching them retries on the full)."""
+        if manifest is not None and manifest.chunks:
             self.client.delete(*[ref.key for ref in manifest.chunks])
 
     def answer_rebase(self) -> PublishResult | None:
@@ -299,30 +255,14 @@ class WeightPublisher:
             self.resume()
         if self._baseline is None or self._last is None:
             return None  # nothing readable to re-export: the next publish is a full anyway
-        started = time.perf_counter()
-        old = self._last
-        payload, manifest = self._full_manifest(old.version, self._baseline, self._shapes, changed=0)
-        manifest_bytes = self._write_and_commit(payload, manifest, replace=True)
-        self._last = manifest
-        stale = [ref.key for ref in old.chunks]
-        if stale:  # the replaced manifest's chunks (a reader still fetching them retries on the full)
-            self.client.delete(*stale)
-        self.client.delete(self.keys.weights_rebase)
-        self._retain()
+        payload, manifest = self._full(self._last.version, self._baseline, self._shapes, changed=0)
+        result = self._commit(payload, manifest, "a reader asked for a rebase", 0.0, replace=True)
         log.warning(
             "re-exported weight version %d as a full: a reader asked (%s)",
-            old.version,
+            result.version,
             requested.decode(errors="replace")[:200],
         )
-        return PublishResult(
-            version=old.version,
-            kind="full",
-            bytes=len(payload) + manifest_bytes,
-            payload_bytes=len(payload),
-            numel=manifest.numel,
-            write_seconds=time.perf_counter() - started,
-            reason="a reader asked for a rebase",
-        )
+        return result
 
     def _new_bits(self, tensor: torch.Tensor) -> np.ndarray | BlockSource:
         """The tensor's bf16 patterns, flat: a view of a CPU bf16 tensor; for a CPU fp32 tensor a
@@ -361,31 +301,56 @@ class WeightPublisher:
         changes = find_changes(base, self._new_bits(tensor), advance=True)
         return changes, bits_checksum(base[window[0] : window[1]]) if window else ""
 
-    def _encode_and_advance(
-        self, tensors: dict[str, torch.Tensor], windows: dict[str, tuple[int, int]]
-    ) -> VersionDelta:
-        """The version's changes as one stream over all tensors laid end to end (model order).
+    def _delta(self, version: int, tensors: dict[str, torch.Tensor]) -> tuple[bytes, Manifest]:
+        """The version as one change stream over all tensors laid end to end (model order); the
+        baseline is advanced to it on the way.
 
-        Finding them is the pass over the model, per tensor on the pool's threads (numpy and
+        Finding the changes is the pass over the model, per tensor on the pool's threads (numpy and
         torch release the GIL for the block work); largest first, for an even split. Then the
         change sum and the codec's two streams run as three jobs on the pool.
         """
+        last = self._last
+        assert last is not None
         names = list(tensors)
+        windows = self._check_windows(version, {name: tensor.numel() for name, tensor in tensors.items()})
         order = sorted(names, key=lambda name: -tensors[name].numel())
         found = self._pool.map(
             lambda n: self._find_one(n, tensors[n], windows.get(n)), order, cost=lambda n: tensors[n].numel()
         )
         by_name = dict(zip(order, found, strict=True))
-        changes = [by_name[name][0] for name in names]
-        merged, numel = merge_changes(changes, [tensors[name].numel() for name in names])
+        merged, numel = merge_changes([by_name[name][0] for name in names], [tensors[name].numel() for name in names])
         total = self._pool.submit(lambda: change_sum(merged.positions, merged.old, merged.new))
-        stream = encode(merged, numel, run=lambda jobs: self._pool.map(lambda job: job(), jobs))
-        return VersionDelta(
-            stream=stream,
-            change_sum=total.result(),
-            changed={name: c.count for name, c in zip(names, changes, strict=True)},
-            checksums={name: by_name[name][1] for name in names if name in windows},
+        stream = encode(merged, numel, self._pool)
+        entries = [
+            TensorEntry(
+                name=name,
+                shape=list(tensors[name].shape),
+                checksum=by_name[name][1],
+                check_range=list(windows[name]) if name in windows else None,
+                changed=by_name[name][0].count,
+            )
+            for name in names
+        ]
+        payload = stream.payload()
+        manifest = Manifest(
+            version=version,
+            kind="delta",
+            base_version=last.version,
+            base_publish_id=last.publish_id,
+            full_version=last.full_version,
+            chain_length=last.chain_length + 1,
+            chain_bytes=(last.chain_bytes if last.kind == "delta" else 0) + len(payload),
+            full_bytes=last.full_bytes,
+            payload_bytes=len(payload),
+            numel=numel,
+            changed=merged.count,
+            created_at=time.time(),
+            chunks=[],
+            tensors=entries,
+            stream=DeltaStream(**stream.meta()),
+            change_sum=format_sum(total.result()),
         )
+        return payload, manifest
 
     def close(self) -> None:
         """Stop the encoding threads (idempotent; a later publish starts them again)."""
@@ -419,9 +384,10 @@ class WeightPublisher:
             return f"a reader asked for a rebase: {requested.decode(errors='replace')[:300]}"
         return ""
 
-    def _full_manifest(
+    def _full(
         self, version: int, bits: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]], changed: int
     ) -> tuple[bytes, Manifest]:
+        """A full export of `bits` (safetensors), every tensor checked by SHA-256."""
         as_bf16 = {
             name: torch.from_numpy(flat.view(np.int16)).view(torch.bfloat16).reshape(shapes[name])
             for name, flat in bits.items()
@@ -435,7 +401,6 @@ class WeightPublisher:
         manifest = Manifest(
             version=version,
             kind="full",
-            base_version=None,
             full_version=version,
             full_bytes=len(payload),
             payload_bytes=len(payload),
@@ -444,41 +409,5 @@ class WeightPublisher:
             created_at=time.time(),
             chunks=[],
             tensors=entries,
-        )
-        return payload, manifest
-
-    def _delta_manifest(
-        self, version: int, shapes: dict[str, tuple[int, ...]], delta: VersionDelta, windows: dict[str, tuple[int, int]]
-    ) -> tuple[bytes, Manifest]:
-        assert self._last is not None
-        entries = [
-            TensorEntry(
-                name=name,
-                shape=list(shape),
-                checksum=delta.checksums.get(name, ""),
-                check_range=list(windows[name]) if name in windows else None,
-                changed=delta.changed[name],
-            )
-            for name, shape in shapes.items()
-        ]
-        payload = delta.stream.payload()
-        previous_chain = self._last.chain_bytes if self._last.kind == "delta" else 0
-        manifest = Manifest(
-            version=version,
-            kind="delta",
-            base_version=self._last.version,
-            base_publish_id=self._last.publish_id,
-            full_version=self._last.full_version,
-            chain_length=self._last.chain_length + 1,
-            chain_bytes=previous_chain + len(payload),
-            full_bytes=self._last.full_bytes,
-            payload_bytes=len(payload),
-            numel=sum(math.prod(shape) for shape in shapes.values()),
-            changed=delta.count,
-            created_at=time.time(),
-            chunks=[],
-            tensors=entries,
-            stream=DeltaStream(**delta.stream.meta()),
-            change_sum=format_sum(delta.change_sum),
         )
         return payload, manifest

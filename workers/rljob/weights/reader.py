@@ -4,12 +4,11 @@ A reader remembers which version its target holds. `sync` fetches only the versi
 (the deltas), or the newest full export when the reader is new, too far behind (the deltas it
 lacks outweigh a full), or its deltas were dropped by retention. Every chunk is CRC-checked before
 anything is applied. After a full, every tensor is checked by SHA-256. A delta (one stream over all
-tensors laid end to end) is decoded once and written straight
-into the target's memory, touching only the changed values, and checked by its change sum (which
-also fails when the target did not hold the base version where the delta touches it) and by
-SHA-256 over the manifest's rotating window (drift elsewhere is caught within `check_versions`
-versions). On any failure the reader forgets its version and refetches, taking the newest full.
-One reader serves one target.
+tensors laid end to end) is decoded once and written straight into the target's memory, touching
+only the changed values, and checked by its change sum (which also fails when the target did not
+hold the base version where the delta touches it) and by SHA-256 over the manifest's rotating
+window (drift elsewhere is caught within `check_versions` versions). On any failure the reader
+forgets its version and refetches, taking the newest full. One reader serves one target.
 """
 
 from __future__ import annotations
@@ -27,12 +26,11 @@ import torch
 
 from rljob.keys import JobKeys
 from rljob.weights import store
-from rljob.weights.apply import apply_stream, ensure_target, named_tensors, write_full
+from rljob.weights.apply import apply_stream, named_tensors, write_full
 from rljob.weights.checksum import format_sum, tensor_checksum
 from rljob.weights.codec import DeltaFormatError, EncodedDelta
-from rljob.weights.gcpause import gc_paused
 from rljob.weights.manifest import Manifest
-from rljob.weights.parallel import TensorPool
+from rljob.weights.parallel import TensorPool, gc_paused
 from rljob.weights.store import (
     ChecksumMismatchError,
     NoWeightsPublishedError,
@@ -65,17 +63,15 @@ class SyncResult:
     bytes_fetched: int = 0
     took_full: bool = False
     versions_applied: list[int] = field(default_factory=list)
-    seconds: float = 0.0
     recovered_from: list[str] = field(default_factory=list)  # errors met and recovered from
 
 
 class WeightReader:
-    def __init__(
-        self, redis_client: redis.Redis, keys: JobKeys, *, max_attempts: int = 3, threads: int | None = None
-    ) -> None:
+    MAX_ATTEMPTS = 3  # syncs tried before asking the publisher for a new full export
+
+    def __init__(self, redis_client: redis.Redis, keys: JobKeys, *, threads: int | None = None) -> None:
         self.client = redis_client
         self.keys = keys
-        self.max_attempts = max_attempts
         self._pool = TensorPool(threads, "weight-apply")
         self.version: int | None = None  # version the target holds, None when unknown
         self.publish_id = ""  # that version's publish id (a number alone can name two versions)
@@ -84,9 +80,8 @@ class WeightReader:
         return store.latest_version(self.client, self.keys)
 
     def needs_sync(self) -> bool:
-        """Whether a version is published that the target does not hold: another number, or the same
-        number under another publish id (after Redis lost its last commit, see manifest.py).
-        One round trip."""
+        """Whether a version is published that the target does not hold (in one round trip): another
+        number, or the same number under another publish id (after Redis lost its last commit)."""
         latest, latest_id = store.latest_with_id(self.client, self.keys)
         return latest is not None and (self.version != latest or self.publish_id != latest_id)
 
@@ -119,19 +114,16 @@ class WeightReader:
         finally:
             if pubsub is not None:
                 pubsub.close()
-        raise TimeoutError(f"no weight version >= {min_version} within {timeout:.1f}s (latest {self._safe_latest()})")
-
-    def _safe_latest(self) -> int | None:
         try:
-            return self.latest_version()
+            latest = self.latest_version()
         except redis.RedisError:
-            return None
+            latest = None
+        raise TimeoutError(f"no weight version >= {min_version} within {timeout:.1f}s (latest {latest})")
 
     def sync(self, target: Target) -> SyncResult:
         """Bring `target` to the newest committed version; returns what was done."""
-        started = time.perf_counter()
         errors: list[str] = []
-        for attempt in range(self.max_attempts):
+        for attempt in range(self.MAX_ATTEMPTS):
             try:
                 with gc_paused():
                     result = self._sync_once(target, force_full=attempt > 0)
@@ -140,18 +132,13 @@ class WeightReader:
                 errors.append(f"{type(exc).__name__}: {exc}")
                 continue
             result.recovered_from = errors
-            result.seconds = time.perf_counter() - started
             return result
-        message = f"weight sync failed after {self.max_attempts} attempts: {'; '.join(errors)}"
-        # What is stored cannot be applied: ask the publisher for a new full export.
-        self._request_rebase(message)
-        raise WeightStoreError(message + " (asked the publisher for a new full export)")
-
-    def _request_rebase(self, message: str) -> None:
-        try:
+        message = f"weight sync failed after {self.MAX_ATTEMPTS} attempts: {'; '.join(errors)}"
+        try:  # what is stored cannot be applied: ask the publisher for a new full export
             self.client.set(self.keys.weights_rebase, message[:2000])
         except redis.RedisError as exc:
             log.warning("could not request a rebase: %s", exc)
+        raise WeightStoreError(message + " (asked the publisher for a new full export)")
 
     # ------------------------------------------------------------------ planning
 
@@ -170,12 +157,11 @@ class WeightReader:
         if self.version is not None and not force_full:
             # Only the versions after ours; one whose manifest is gone makes a gap the chain check sees.
             versions = store.committed_versions(self.client, self.keys, self.version + 1, latest)
-            read = store.read_manifests_present(self.client, self.keys, versions)
+            read = store.read_manifests(self.client, self.keys, versions, skip_missing=True)
             chain = self._delta_chain(read, latest)
         if chain is None:
             chain = self._from_newest_full(read, latest)
-        nbytes = sum(size for _, size in read)
-        result = SyncResult(version=latest, bytes_fetched=nbytes)
+        result = SyncResult(version=latest, bytes_fetched=sum(size for _, size in read))
         changed: dict[str, None] = {}
         for manifest in chain:
             payload = store.read_payload(self.client, manifest)  # every chunk checked before any write
@@ -229,9 +215,7 @@ class WeightReader:
         fetch([latest])
         full_version = by_version[latest].full_version
         fetch([full_version, *store.committed_versions(self.client, self.keys, full_version, latest)])
-        chain = [by_version[full_version]]
-        for version in sorted(v for v in by_version if full_version < v <= latest):
-            chain.append(by_version[version])
+        chain = [by_version[v] for v in sorted(by_version) if full_version <= v <= latest]
         for prev, nxt in itertools.pairwise(chain):
             if nxt.base_version != prev.version or nxt.base_publish_id != prev.publish_id:
                 raise VersionUnavailableError(
@@ -247,24 +231,19 @@ class WeightReader:
     def _apply_full(self, target: Target, manifest: Manifest, payload: bytes) -> list[str]:
         published = safetensors.torch.load(payload)
         names = [entry.name for entry in manifest.tensors]
-        if isinstance(target, torch.nn.Module):
-            tensors = named_tensors(target)
-            missing = sorted(set(names) - set(tensors))
-            extra = sorted(set(tensors) - set(names))
-            if missing or extra:
-                raise WeightLayoutError(
-                    f"model and weight version {manifest.version} disagree: missing in model {missing[:5]}, "
-                    f"not published {extra[:5]}"
-                )
-            for name in names:
+        tensors = named_tensors(target)
+        missing, extra = sorted(set(names) - set(tensors)), sorted(set(tensors) - set(names))
+        if isinstance(target, torch.nn.Module) and (missing or extra):
+            raise WeightLayoutError(
+                f"model and weight version {manifest.version} disagree: missing in model {missing[:5]}, "
+                f"not published {extra[:5]}"
+            )
+        for name in names:
+            if name in tensors:
                 self._check_shape(tensors[name], published[name].shape, name)
                 write_full(tensors[name], published[name])
-        else:
-            for name in names:
-                if name in target:
-                    self._check_shape(target[name], published[name].shape, name)
-                ensure_target(target, name, published[name])
-            tensors = named_tensors(target)
+            else:  # a dict target (a shadow) takes a new name as a bf16 copy
+                target[name] = tensors[name] = published[name].clone()
         verify_checksums(tensors, manifest, names, self._pool)
         return names
 
@@ -281,7 +260,12 @@ class WeightReader:
         enc = EncodedDelta.from_meta(manifest.stream.model_dump(), payload)
         sizes = [math.prod(entry.shape) for entry in entries]
         actual, touched = apply_stream([tensors.get(entry.name) for entry in entries], sizes, enc, self._pool)
-        _check_change_sum(manifest, actual)
+        if format_sum(actual) != manifest.change_sum:  # a target off its base, or a wrong decode
+            raise ChecksumMismatchError(
+                f"weight version {manifest.version} changed by sum {format_sum(actual)}, manifest says "
+                f"{manifest.change_sum} (the target was not at version {manifest.base_version}, or the delta "
+                "decoded wrongly)"
+            )
         verify_checksums(tensors, manifest, [entry.name for entry in entries if entry.checksum], self._pool)
         return [entries[i].name for i in touched]
 
@@ -293,17 +277,6 @@ class WeightReader:
     def close(self) -> None:
         """Stop the apply threads (idempotent; a later sync starts them again)."""
         self._pool.close()
-
-
-def _check_change_sum(manifest: Manifest, actual: int) -> None:
-    """The change sum of what a delta wrote against the manifest's; a mismatch means a target off
-    its base or a wrong decode."""
-    if format_sum(actual) != manifest.change_sum:
-        raise ChecksumMismatchError(
-            f"weight version {manifest.version} changed by sum {format_sum(actual)}, manifest says "
-            f"{manifest.change_sum} (the target was not at version {manifest.base_version}, or the delta decoded "
-            "wrongly)"
-        )
 
 
 def verify_checksums(

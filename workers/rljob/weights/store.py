@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import redis
 from pydantic import ValidationError
@@ -108,19 +108,15 @@ class VersionConflictError(WeightStoreError):
     """A publish would not move `latest` forward."""
 
 
-def _int(raw: bytes | str | None) -> int | None:
-    return None if raw is None else int(raw)
-
-
 def latest_version(client: redis.Redis, keys: JobKeys) -> int | None:
-    return _int(client.get(keys.weights_latest))
+    return latest_with_id(client, keys)[0]
 
 
 def latest_with_id(client: redis.Redis, keys: JobKeys) -> tuple[int | None, str]:
     """The newest committed version and its publish id, in one round trip."""
     version, publish_id = client.mget([keys.weights_latest, keys.weights_latest_id])
     text = publish_id.decode() if isinstance(publish_id, bytes) else (publish_id or "")
-    return _int(version), text
+    return None if version is None else int(version), text
 
 
 def committed_versions(client: redis.Redis, keys: JobKeys, low: int = 0, high: int | None = None) -> list[int]:
@@ -128,20 +124,25 @@ def committed_versions(client: redis.Redis, keys: JobKeys, low: int = 0, high: i
     return [int(v) for v in client.zrangebyscore(keys.weights_versions, low, top)]
 
 
-def read_manifests(client: redis.Redis, keys: JobKeys, versions: list[int]) -> list[tuple[Manifest, int]]:
-    """Manifests (with their JSON size) of `versions`; raises if one is missing."""
+def read_manifests(
+    client: redis.Redis, keys: JobKeys, versions: list[int], *, skip_missing: bool = False
+) -> list[tuple[Manifest, int]]:
+    """Manifests (with their JSON size) of `versions`; a missing one raises, or with `skip_missing`
+    is left out."""
     out = []
-    for version, raw in zip(versions, _raw_manifests(client, keys, versions), strict=True):
-        if raw is None:
+    raws = client.mget([keys.weights_manifest(v) for v in versions]) if versions else []
+    for version, raw in zip(versions, raws, strict=True):
+        if raw is not None:
+            out.append((_parse_manifest(raw, version), len(raw)))
+        elif not skip_missing:
             raise VersionUnavailableError(f"manifest of weight version {version} is missing from {keys.prefix}")
-        out.append((_parse_manifest(raw, version), len(raw)))
     return out
 
 
 def _parse_manifest(raw: bytes, version: int) -> Manifest:
     """A manifest, or a clear error when another rljob release wrote it."""
     try:
-        return Manifest.from_json(raw)
+        return Manifest.model_validate_json(raw)
     except ValidationError as exc:
         try:
             written = int(json.loads(raw).get("format", 0))
@@ -155,59 +156,53 @@ def _parse_manifest(raw: bytes, version: int) -> Manifest:
         raise ManifestFormatError(f"manifest of weight version {version} is invalid: {exc}") from exc
 
 
+def _batches(refs: list[ChunkRef]) -> Iterator[range]:
+    """Indices of `refs` in runs of about `_BATCH_BYTES`, one round trip each."""
+    start = pending = 0
+    for index, ref in enumerate(refs):
+        pending += ref.length
+        if pending >= _BATCH_BYTES:
+            yield range(start, index + 1)
+            start, pending = index + 1, 0
+    if start < len(refs):
+        yield range(start, len(refs))
+
+
 def write_chunks(
     client: redis.Redis, keys: JobKeys, version: int, payload: bytes, chunk_bytes: int, attempt: str = ""
 ) -> list[ChunkRef]:
     """Split `payload` into chunks of at most `chunk_bytes` and SET them under this publish
     attempt's keys; returns their refs."""
-    if chunk_bytes <= 0:
-        raise ValueError("chunk_bytes must be positive")
     view = memoryview(payload)
-    refs: list[ChunkRef] = []
-    pipe = client.pipeline(transaction=False)
-    pending = 0
-    for index, start in enumerate(range(0, len(payload), chunk_bytes)):
-        part = view[start : start + chunk_bytes]
-        key = keys.weights_chunk(version, index, attempt)
-        pipe.set(key, part.tobytes())
-        refs.append(ChunkRef(key=key, length=len(part), crc=chunk_crc(part)))
-        pending += len(part)
-        if pending >= _BATCH_BYTES:
-            pipe.execute()
-            pending = 0
-    pipe.execute()
+    parts = [view[start : start + chunk_bytes] for start in range(0, len(payload), chunk_bytes)]
+    refs = [
+        ChunkRef(key=keys.weights_chunk(version, index, attempt), length=len(part), crc=chunk_crc(part))
+        for index, part in enumerate(parts)
+    ]
+    for batch in _batches(refs):
+        pipe = client.pipeline(transaction=False)
+        for index in batch:
+            pipe.set(refs[index].key, parts[index].tobytes())
+        pipe.execute()
     return refs
 
 
 def read_payload(client: redis.Redis, manifest: Manifest) -> bytes:
     """The version's payload, every chunk checked against its manifest CRC before use."""
+    refs = manifest.chunks
     parts: list[bytes] = []
-    batch: list[ChunkRef] = []
-
-    def flush() -> None:
-        values = client.mget([ref.key for ref in batch])
-        for ref, value in zip(batch, values, strict=True):
-            index = len(parts)
+    for batch in _batches(refs):
+        for index, value in zip(batch, client.mget([refs[index].key for index in batch]), strict=True):
+            ref = refs[index]
+            chunk = f"weight version {manifest.version}: chunk {index} ({ref.key})"
             if value is None:
-                raise MissingChunkError(f"weight version {manifest.version}: chunk {index} ({ref.key}) is missing")
+                raise MissingChunkError(f"{chunk} is missing")
             if len(value) != ref.length or chunk_crc(value) != ref.crc:
                 raise CorruptChunkError(
-                    f"weight version {manifest.version}: chunk {index} ({ref.key}) is corrupt "
-                    f"({len(value)} bytes, crc {chunk_crc(value):#010x}; manifest says "
+                    f"{chunk} is corrupt ({len(value)} bytes, crc {chunk_crc(value):#010x}; manifest says "
                     f"{ref.length} bytes, crc {ref.crc:#010x})"
                 )
             parts.append(value)
-        batch.clear()
-
-    pending = 0
-    for ref in manifest.chunks:
-        batch.append(ref)
-        pending += ref.length
-        if pending >= _BATCH_BYTES:
-            flush()
-            pending = 0
-    if batch:
-        flush()
     return b"".join(parts)
 
 
@@ -219,7 +214,7 @@ def commit(client: redis.Redis, keys: JobKeys, manifest: Manifest, *, replace: b
     names is gone (MissingChunkError). With `replace`, the manifest takes the place of the latest
     version's own (same number, a full of the same values: a re-export) and must be for exactly
     that version."""
-    raw = manifest.to_json()
+    raw = manifest.model_dump_json().encode()
     base = "" if manifest.kind == "full" or manifest.base_version is None else str(manifest.base_version)
     chunk_keys = [ref.key for ref in manifest.chunks]
     try:
@@ -252,28 +247,25 @@ def commit(client: redis.Redis, keys: JobKeys, manifest: Manifest, *, replace: b
 def drop_versions(client: redis.Redis, keys: JobKeys, versions: Iterable[int]) -> int:
     """Delete versions (manifest, chunks, membership); returns how many were dropped."""
     versions = list(versions)
-    if not versions:
-        return 0
-    raws = client.mget([keys.weights_manifest(v) for v in versions])
+    present = read_manifests(client, keys, versions, skip_missing=True)
+    chunks = {manifest.version: manifest.chunks for manifest, _ in present}
     pipe = client.pipeline(transaction=False)
-    for version, raw in zip(versions, raws, strict=True):
+    for version in versions:
         pipe.zrem(keys.weights_versions, version)
         pipe.delete(keys.weights_manifest(version))
-        if raw is not None:
-            for ref in Manifest.from_json(raw).chunks:
-                pipe.delete(ref.key)
+        for ref in chunks.get(version, []):
+            pipe.delete(ref.key)
     pipe.execute()
     return len(versions)
 
 
 def apply_retention(client: redis.Redis, keys: JobKeys) -> int:
     """Keep the newest full export and the deltas after it; drop every older version, and any
-    version whose manifest is gone (evicted or lost: nobody can read it, and reading it strictly
-    here jammed every later publish)."""
+    version whose manifest is gone (evicted or lost: nobody can read it)."""
     versions = committed_versions(client, keys)
     if not versions:
         return 0
-    present = read_manifests_present(client, keys, versions)
+    present = read_manifests(client, keys, versions, skip_missing=True)
     readable = {manifest.version for manifest, _ in present}
     fulls = [manifest.version for manifest, _ in present if manifest.kind == "full"]
     newest_full = max(fulls) if fulls else None
@@ -281,7 +273,7 @@ def apply_retention(client: redis.Redis, keys: JobKeys) -> int:
     return drop_versions(client, keys, doomed)
 
 
-_VERSION_KEY = re.compile(rb":weights:v(\d+):")
+_VERSION_KEY = re.compile(r":weights:v(\d+):")
 
 # KEYS: the versions set, then for each candidate its key and its version's manifest key;
 # ARGV: each candidate's version. A candidate goes if its version is not committed at that moment,
@@ -310,30 +302,19 @@ def drop_orphans(client: redis.Redis, keys: JobKeys) -> int:
     (a publisher that lost the race for it and died before cleaning up). Each key is re-checked
     inside one script, so a version another publisher commits meanwhile keeps its keys."""
     committed = set(committed_versions(client, keys))
-    named: set[str] = set()
-    for manifest, _ in read_manifests_present(client, keys, sorted(committed)):
-        named.update(ref.key for ref in manifest.chunks)
+    present = read_manifests(client, keys, sorted(committed), skip_missing=True)
+    named = {ref.key for manifest, _ in present for ref in manifest.chunks}
     pattern = re.sub(r"([\[\]*?\\])", r"\\\1", keys.prefix) + "weights:v*"
     candidates: list[tuple[str, int]] = []
     for key in client.scan_iter(match=pattern, count=1000):
         text = key.decode() if isinstance(key, bytes) else key
-        found = _VERSION_KEY.search(text.encode())
+        found = _VERSION_KEY.search(text)
         if not found:
             continue
         version = int(found.group(1))
         if version not in committed or (":chunk:" in text and text not in named):
             candidates.append((text, version))
     return delete_orphans(client, keys, candidates)
-
-
-def read_manifests_present(client: redis.Redis, keys: JobKeys, versions: list[int]) -> list[tuple[Manifest, int]]:
-    """`read_manifests` of those of `versions` whose manifest is there (no error for the others)."""
-    raws = _raw_manifests(client, keys, versions)
-    return [(_parse_manifest(raw, v), len(raw)) for v, raw in zip(versions, raws, strict=True) if raw is not None]
-
-
-def _raw_manifests(client: redis.Redis, keys: JobKeys, versions: list[int]) -> list[bytes | None]:
-    return client.mget([keys.weights_manifest(v) for v in versions]) if versions else []
 
 
 def delete_orphans(client: redis.Redis, keys: JobKeys, candidates: list[tuple[str, int]]) -> int:
