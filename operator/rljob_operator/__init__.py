@@ -3,5 +3,3 @@
 Importing the package is cheap: kopf and the Kubernetes client load only in `handlers` and
 `kube`, so the CRD generator and the pure renderers run without them.
 """
-
-__version__ = "0.1.0"

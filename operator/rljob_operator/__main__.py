@@ -14,11 +14,8 @@ def main(argv: list[str] | None = None) -> int:
     from kopf.cli import main as kopf_main
 
     args = list(sys.argv[1:] if argv is None else argv)
-    scope = (
-        ["--all-namespaces"]
-        if not any(a.startswith(("-n", "--namespace", "-A", "--all-namespaces")) for a in args)
-        else []
-    )
+    scoped = any(a.startswith(("-n", "--namespace", "-A", "--all-namespaces")) for a in args)
+    scope = [] if scoped else ["--all-namespaces"]
     liveness = os.environ.get("RLJOB_LIVENESS", "http://0.0.0.0:8081/healthz")
     cmd = ["run", "--standalone", f"--liveness={liveness}", *scope, *args, "-m", "rljob_operator.handlers"]
     return kopf_main(args=cmd, prog_name="rljob-operator", standalone_mode=False) or 0

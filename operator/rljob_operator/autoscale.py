@@ -2,9 +2,9 @@
 
 The backlog is what rollout workers still owe, over the training and the evaluation prompt
 streams: each consumer group's lag (prompts not yet delivered) plus its pending entries
-(delivered, not acknowledged). Scale-up is immediate;
-scale-down waits out a cooldown so a burst between steps does not flap workers (and a worker
-in the middle of a batch is not removed for a momentary dip).
+(delivered, not acknowledged), counted by `rljob.queue.backlog`. Scale-up is immediate; scale-down
+waits out a cooldown so a burst between steps does not flap workers (and a worker in the middle
+of a batch is not removed for a momentary dip).
 """
 
 from __future__ import annotations
@@ -13,9 +13,6 @@ import math
 from typing import Any
 
 from rljob.config import RLJob, RolloutSpec
-from rljob.queue.backlog import backlog_from_groups, pending_prompts
-
-__all__ = ["backlog_from_groups", "desired_replicas", "pending_prompts", "rollout_replicas"]
 
 
 def desired_replicas(*, current: int, backlog: int | None, spec: RolloutSpec, seconds_since_scale: float | None) -> int:

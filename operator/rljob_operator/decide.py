@@ -74,32 +74,15 @@ def current_pods(job: dict[str, Any], pods: list[dict[str, Any]]) -> list[dict[s
     return [p for p in pods if p["metadata"].get("labels", {}).get(JOB_UID_LABEL) == uid]
 
 
-def running_members(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> int:
+def members(job: dict[str, Any] | None, pods: list[dict[str, Any]], *phases: str) -> int:
+    """Members of this Job's gang in one of `phases`, not counting pods being deleted."""
     if job is None:
         return 0
     return sum(
         1
         for p in current_pods(job, pods)
-        if p.get("status", {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        if p.get("status", {}).get("phase") in phases and not p["metadata"].get("deletionTimestamp")
     )
-
-
-def started_members(job: dict[str, Any] | None, pods: list[dict[str, Any]]) -> int:
-    """Members that are running or already finished: a gang whose ranks exit one after another
-    (rank 0 writes the final checkpoint last) has started, whatever the Job's condition says yet."""
-    if job is None:
-        return 0
-    return sum(
-        1
-        for p in current_pods(job, pods)
-        if p.get("status", {}).get("phase") in ("Running", "Succeeded") and not p["metadata"].get("deletionTimestamp")
-    )
-
-
-def gang_size(job: dict[str, Any], default: int) -> int:
-    """Members of the gang this Job runs: its own parallelism, not the spec's replicas, which may
-    already ask for a different gang (a spec change not yet rolled out)."""
-    return int(job.get("spec", {}).get("parallelism") or default)
 
 
 def gang_failure(
@@ -115,13 +98,14 @@ def gang_failure(
             return "TrainerFailed", f"trainer pod {pod['metadata']['name']} failed"
     if job.get("spec", {}).get("suspend"):
         return None
-    members = gang_size(job, spec_replicas)
-    started = parse_time(job.get("status", {}).get("startTime") or job["metadata"].get("creationTimestamp"))
-    if started is not None and now - started > timeout and started_members(job, pods) < members:
-        return (
-            "GangScheduleTimeout",
-            f"only {started_members(job, pods)}/{members} trainers started after {int(timeout)}s",
-        )
+    # The gang this Job runs is its own parallelism, not the spec's replicas, which may already
+    # ask for a different gang (a spec change not yet rolled out). Finished members have started:
+    # ranks exit one after another (rank 0 writes the final checkpoint last).
+    size = int(job.get("spec", {}).get("parallelism") or spec_replicas)
+    began = parse_time(job.get("status", {}).get("startTime") or job["metadata"].get("creationTimestamp"))
+    started = members(job, pods, "Running", "Succeeded")
+    if began is not None and now - began > timeout and started < size:
+        return "GangScheduleTimeout", f"only {started}/{size} trainers started after {int(timeout)}s"
     return None
 
 
@@ -169,10 +153,7 @@ def decide_trainer(
     return TrainerDecision("apply")
 
 
-PreflightOutcome = Literal["fail", "hold", "pending"]
-
-
-def preflight_outcome(reason: str, gang_exists: bool) -> PreflightOutcome:
+def preflight_outcome(reason: str, gang_exists: bool) -> Literal["fail", "hold", "pending"]:
     """What a failed preflight check does to the job. A job whose trainer Job exists is held
     (Ready=False, checked again next pass): the check may be transient (discovery right after an
     API server restart), and failing it would leave its trainers running under a Failed job. A new

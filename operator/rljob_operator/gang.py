@@ -10,11 +10,10 @@ restart, so a partial gang never trains and never holds GPUs forever.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from rljob.config import RLJob
-from rljob_operator.names import ChildNames, labels
+from rljob_operator.names import ChildNames
 
 WORKLOAD_BETA = "scheduling.k8s.io/v1beta1"  # Kubernetes 1.37
 WORKLOAD_ALPHA = "scheduling.k8s.io/v1alpha2"  # Kubernetes 1.36 (1.35's v1alpha1 is not supported)
@@ -37,34 +36,21 @@ GANG_KINDS = (
 )
 
 
-@dataclass
-class PodGangFields:
-    """What a trainer pod template needs to belong to the gang."""
-
-    labels: dict[str, str] = field(default_factory=dict)
-    annotations: dict[str, str] = field(default_factory=dict)
-    spec: dict[str, Any] = field(default_factory=dict)
-
-
 def _min_resources(job: RLJob) -> dict[str, str]:
     res = job.spec.trainer.resources
     n = job.spec.trainer.replicas
-    out = {"cpu": f"{_cpu_millis(res.cpu) * n}m"}
+    millis = int(float(res.cpu[:-1])) if res.cpu.endswith("m") else int(float(res.cpu) * 1000)
+    out = {"cpu": f"{millis * n}m"}
     if res.gpus:
         out["nvidia.com/gpu"] = str(res.gpus * n)
     return out
 
 
-def _cpu_millis(cpu: str) -> int:
-    return int(float(cpu[:-1])) if cpu.endswith("m") else int(float(cpu) * 1000)
-
-
-def render_gang_objects(job: RLJob, workload_api: str = WORKLOAD_BETA) -> list[dict[str, Any]]:
-    """The gang object(s) for the trainer (min member = trainer replicas); none for `none`.
-    `workload_api` is the Workload API version the cluster serves (one of WORKLOAD_APIS)."""
+def render_gang_objects(job: RLJob, workload_api: str, meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The gang object(s) for the trainer (min member = trainer replicas), all with `meta`; none for
+    `none`. `workload_api` is the Workload API version the cluster serves (one of WORKLOAD_APIS)."""
     spec = job.spec.trainer
-    names = ChildNames(job.metadata.name, job.metadata.namespace)
-    meta = {"name": names.trainer, "namespace": names.namespace, "labels": labels(names.job, "trainer")}
+    trainer = ChildNames(job.metadata.name, job.metadata.namespace).trainer
     n = spec.replicas
     if spec.gang_provider == "workload":
         gang = {"gang": {"minCount": n}}
@@ -73,7 +59,7 @@ def render_gang_objects(job: RLJob, workload_api: str = WORKLOAD_BETA) -> list[d
             "kind": "Workload",
             "metadata": meta,
             "spec": {
-                "controllerRef": {"apiGroup": "batch", "kind": "Job", "name": names.trainer},
+                "controllerRef": {"apiGroup": "batch", "kind": "Job", "name": trainer},
                 "podGroupTemplates": [{"name": GANG_TEMPLATE, "schedulingPolicy": gang}],
             },
         }
@@ -81,32 +67,16 @@ def render_gang_objects(job: RLJob, workload_api: str = WORKLOAD_BETA) -> list[d
             "apiVersion": workload_api,
             "kind": "PodGroup",
             "metadata": meta,
-            "spec": {**workload_reference(workload_api, names.trainer), "schedulingPolicy": gang},
+            "spec": {**workload_reference(workload_api, trainer), "schedulingPolicy": gang},
         }
         return [workload, pod_group]
-    if spec.gang_provider == "volcano":
-        return [
-            {
-                "apiVersion": VOLCANO_API,
-                "kind": "PodGroup",
-                "metadata": meta,
-                "spec": {"minMember": n, "minResources": _min_resources(job)},
-            }
-        ]
+    if spec.gang_provider == "none":
+        return []
+    group: dict[str, Any] = {"minMember": n, "minResources": _min_resources(job)}
     if spec.gang_provider == "coscheduling":
-        return [
-            {
-                "apiVersion": COSCHEDULING_API,
-                "kind": "PodGroup",
-                "metadata": meta,
-                "spec": {
-                    "minMember": n,
-                    "minResources": _min_resources(job),
-                    "scheduleTimeoutSeconds": spec.schedule_timeout_seconds,
-                },
-            }
-        ]
-    return []
+        group["scheduleTimeoutSeconds"] = spec.schedule_timeout_seconds
+    api = PROVIDER_APIS[spec.gang_provider][0]  # volcano's or coscheduling's PodGroup
+    return [{"apiVersion": api, "kind": "PodGroup", "metadata": meta, "spec": group}]
 
 
 def workload_reference(workload_api: str, workload: str) -> dict[str, Any]:
@@ -124,18 +94,16 @@ def referenced_workload(pod_group: dict[str, Any]) -> str | None:
     return spec.get("podGroupTemplateRef", {}).get("workload", {}).get("workloadName")
 
 
-def pod_gang_fields(job: RLJob) -> PodGangFields:
-    """Labels, annotations and pod-spec fields that tie a trainer pod to its gang."""
+def join_gang(job: RLJob, template_meta: dict[str, Any], pod_spec: dict[str, Any]) -> None:
+    """Add the labels, annotations and pod-spec fields that tie a trainer pod template to its gang."""
     spec = job.spec.trainer
     group = ChildNames(job.metadata.name, job.metadata.namespace).trainer
-    fields = PodGangFields()
     scheduler = spec.scheduler_name or DEFAULT_SCHEDULERS.get(spec.gang_provider)
     if scheduler:
-        fields.spec["schedulerName"] = scheduler
+        pod_spec["schedulerName"] = scheduler
     if spec.gang_provider == "workload":
-        fields.spec["schedulingGroup"] = {"podGroupName": group}
+        pod_spec["schedulingGroup"] = {"podGroupName": group}
     elif spec.gang_provider == "volcano":
-        fields.annotations["scheduling.k8s.io/group-name"] = group
+        template_meta["annotations"]["scheduling.k8s.io/group-name"] = group
     elif spec.gang_provider == "coscheduling":
-        fields.labels["scheduling.x-k8s.io/pod-group"] = group
-    return fields
+        template_meta["labels"]["scheduling.x-k8s.io/pod-group"] = group

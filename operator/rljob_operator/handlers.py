@@ -7,29 +7,28 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
 import kopf
+import prometheus_client
 
 from rljob.config import API_GROUP, API_VERSION, PLURAL
-from rljob_operator import metrics
 from rljob_operator.kube import Kube
 from rljob_operator.reconcile import Reconciler
 from rljob_operator.settings import OperatorSettings
 
 SETTINGS = OperatorSettings.from_env()
-_state: dict[str, Reconciler] = {}
 
 
 def _post_event(body: dict[str, Any], kind: str, reason: str, message: str) -> None:
     kopf.event(body, type=kind, reason=reason, message=message)
 
 
+@functools.cache
 def reconciler() -> Reconciler:
-    if "r" not in _state:
-        _state["r"] = Reconciler(Kube.from_environment(), SETTINGS, _post_event)
-    return _state["r"]
+    return Reconciler(Kube.from_environment(), SETTINGS, _post_event)
 
 
 @kopf.on.startup()
@@ -47,7 +46,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.execution.max_workers = 16
-    metrics.serve(SETTINGS.metrics_port)
+    prometheus_client.start_http_server(SETTINGS.metrics_port)  # serves rljob_operator.metrics
     reconciler()
 
 

@@ -8,13 +8,12 @@ benchmark's "API calls per reconcile".
 from __future__ import annotations
 
 import json
-import threading
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 from rljob.config import API_GROUP, API_VERSION, PLURAL
+from rljob_operator import metrics
 from rljob_operator.names import FIELD_MANAGER
 
 # kind -> plural, for every kind the operator touches (all namespaced).
@@ -23,7 +22,6 @@ PLURALS = {
     "Secret": "secrets",
     "Service": "services",
     "Pod": "pods",
-    "Event": "events",
     "PersistentVolumeClaim": "persistentvolumeclaims",
     "StatefulSet": "statefulsets",
     "Deployment": "deployments",
@@ -41,9 +39,7 @@ RLJOB_API = f"{API_GROUP}/{API_VERSION}"
 class ApiError(Exception):
     def __init__(self, status: int, reason: str, body: str) -> None:
         super().__init__(f"{status} {reason}: {body[:500]}")
-        self.status = status
-        self.reason = reason
-        self.body = body
+        self.status, self.reason, self.body = status, reason, body
 
     @property
     def message(self) -> str:
@@ -64,8 +60,6 @@ class Kube:
     """Synchronous client over the `kubernetes` package's configured ApiClient."""
 
     api: Any  # kubernetes.client.ApiClient
-    calls: Counter[str]
-    _lock: threading.Lock
 
     @classmethod
     def from_environment(cls) -> Kube:
@@ -75,7 +69,7 @@ class Kube:
             kubernetes.config.load_incluster_config()
         except kubernetes.config.ConfigException:
             kubernetes.config.load_kube_config()
-        return cls(kubernetes.client.ApiClient(), Counter(), threading.Lock())
+        return cls(kubernetes.client.ApiClient())
 
     def _request(
         self,
@@ -86,20 +80,11 @@ class Kube:
         body: Any = None,
         content_type: str = "application/json",
     ) -> dict[str, Any] | None:
-        with self._lock:
-            self.calls[method] += 1
-        from rljob_operator import metrics
-
         metrics.API_CALLS.labels(verb=method).inc()
         headers = {"Accept": "application/json", "Content-Type": content_type}
         # A dict body: the client serialises it once as JSON (valid YAML for apply patches too).
         m, url, hdrs, data, _ = self.api.param_serialize(
-            method,
-            path,
-            query_params=query or [],
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
+            method, path, query_params=query or [], header_params=headers, body=body, auth_settings=["BearerToken"]
         )
         resp = self.api.call_api(m, url, hdrs, data, _request_timeout=30)
         raw = resp.read()
@@ -123,23 +108,15 @@ class Kube:
         meta = manifest["metadata"]
         path = resource_path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
         query = [("fieldManager", FIELD_MANAGER), ("force", "true")] + ([("dryRun", "All")] if dry_run else [])
-        out = self._request(
-            "PATCH",
-            path,
-            query=query,
-            body=manifest,
-            content_type="application/apply-patch+yaml",
-        )
+        out = self._request("PATCH", path, query=query, body=manifest, content_type="application/apply-patch+yaml")
         assert out is not None
         return out
 
     def create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
         """Create; None when it already exists (used for the once-only Redis Secret)."""
-        meta = manifest["metadata"]
+        path = resource_path(manifest["apiVersion"], manifest["kind"], manifest["metadata"]["namespace"])
         try:
-            return self._request(
-                "POST", resource_path(manifest["apiVersion"], manifest["kind"], meta["namespace"]), body=manifest
-            )
+            return self._request("POST", path, body=manifest)
         except ApiError as exc:
             if exc.status == 409:
                 return None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram
 
 API_CALLS = Counter("rljob_operator_api_calls_total", "Kubernetes API requests made", ["verb"])
 RECONCILES = Counter("rljob_operator_reconciles_total", "Reconcile passes", ["kind"])
@@ -15,7 +15,3 @@ GANG_RESTARTS = Counter("rljob_operator_gang_restarts_total", "Trainer gang rest
 JOB_STEP = Gauge("rljob_job_step", "Optimiser steps finished", ["namespace", "name"])
 JOB_REWARD = Gauge("rljob_job_mean_reward", "Mean reward of the last step", ["namespace", "name"])
 ROLLOUT_DESIRED = Gauge("rljob_job_rollout_replicas_desired", "Rollout workers wanted", ["namespace", "name"])
-
-
-def serve(port: int) -> None:
-    start_http_server(port)

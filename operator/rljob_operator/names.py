@@ -13,7 +13,6 @@ ANNOTATION_TRAINER_HASH = f"{API_GROUP}/trainer-hash"
 FIELD_MANAGER = "rljob-operator"
 REDIS_PORT = 6379
 TRAINER_PORT = 29500
-METRICS_PORT = 8080
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,10 @@ from pydantic import ValidationError
 from rljob.config import RLJob
 from rljob.keys import JobKeys
 from rljob.protocol import TrainerMetrics
+from rljob.queue.backlog import pending_prompts
 from rljob_operator import metrics as prom
 from rljob_operator.api import RLJobStatus
-from rljob_operator.autoscale import pending_prompts, rollout_replicas
+from rljob_operator.autoscale import rollout_replicas
 from rljob_operator.decide import (
     TERMINAL,
     Observed,
@@ -43,15 +44,17 @@ from rljob_operator.names import ChildNames
 from rljob_operator.render import (
     KEDA_API,
     KEDA_PAUSED,
+    Manifest,
     RenderPlan,
     redis_password_secret,
     redis_url,
     render_children,
     render_keda,
     render_redis_secret,
+    render_rollout_deployment,
 )
 from rljob_operator.settings import OperatorSettings
-from rljob_operator.status import compute_status, failed_reason, finished_rollouts, held_status
+from rljob_operator.status import compute_status, failed_condition, failed_reason, finished_rollouts, held_status
 
 PREFLIGHT_REASONS = (
     "GangProviderUnavailable",
@@ -78,9 +81,8 @@ class JobMemory:
     next_child_check: float = 0.0
 
     def redis_failed(self, message: str, now: float) -> None:
-        """Back off 2, 4, 8 .. 30 s: a new job's Redis is not up at the first reads yet, and a flat
-        30 s hid the backlog of its first evaluation from the autoscaler. The Secret is read again
-        next time: it may have been replaced."""
+        """Back off 2, 4, 8 .. 30 s (a new job's Redis is not up at the first reads yet, and its first
+        backlog must reach the autoscaler soon). The Secret is read again: it may have been replaced."""
         self.password, self.last_redis_error = None, message
         self.redis_failures += 1
         self.redis_retry_at = now + min(30.0, 2.0**self.redis_failures)
@@ -178,12 +180,10 @@ class Reconciler:
         final = decision.action in ("succeeded", "fail")
         metrics, backlog, metrics_error = self._observe_redis(step.job, full=full, final=final)
         scaled_at = parse_time(step.prev.last_scale_time)
+        since = None if scaled_at is None else step.now - scaled_at
+        forced_off = rollouts_forced_off(step.job, decision)
         current, desired = rollout_replicas(
-            step.job,
-            step.obs.rollout,
-            backlog,
-            forced_off=rollouts_forced_off(step.job, decision),
-            seconds_since_scale=None if scaled_at is None else step.now - scaled_at,
+            step.job, step.obs.rollout, backlog, forced_off=forced_off, seconds_since_scale=since
         )
         decision, held = self._apply_children(step, decision, desired, rescale=desired != current)
         if held:
@@ -200,11 +200,9 @@ class Reconciler:
         meta = body["metadata"]
         generation, now = meta.get("generation", 1), time.time()
         stored = prev = _stored_status(body)
+        identity = {"name": meta["name"], "namespace": meta["namespace"]}
         try:
-            spec = body.get("spec") or {}
-            job = RLJob.model_validate(
-                {"metadata": {"name": meta["name"], "namespace": meta["namespace"]}, "spec": spec}
-            )
+            job = RLJob.model_validate({"metadata": identity, "spec": body.get("spec") or {}})
         except ValidationError as exc:
             self._invalid(body, prev, generation, now, exc)
             return None
@@ -220,7 +218,8 @@ class Reconciler:
     def _stopped_by_preflight(self, step: _Pass) -> bool:
         """Run the checks the schema cannot make (on spec changes, full passes and while one
         failed); a failed check settles the pass: hold, fail, or report the running gang."""
-        if not (step.full or step.spec_changed or self._had_preflight_error(step.prev)):
+        failing = any(c.type == "Ready" and c.reason in PREFLIGHT_REASONS for c in step.prev.conditions)
+        if not (step.full or step.spec_changed or failing):
             return False
         reason, message = self._preflight(step.job)
         if not reason:
@@ -233,7 +232,7 @@ class Reconciler:
         step.obs.preflight_reason, step.obs.preflight_message = reason, message
         if outcome == "fail":
             self._delete_gang(step.names)  # gang objects without a Job: nothing may be left holding resources
-            decision = _fail(reason, message)
+            decision = TrainerDecision("fail", reason, message)
         else:
             decision = decide_trainer(step.job, step.prev, step.obs, step.now, lambda _: 0)
         st = compute_status(step.job, step.generation, step.prev, step.obs, decision, 0, None, None, step.now)
@@ -274,9 +273,7 @@ class Reconciler:
             decision = TrainerDecision("wait", "GangRestarting", "waiting for the previous gang objects to go")
             apply_trainer = False
         everything = step.full or missing or step.spec_changed
-        held = self._apply(
-            job, plan.uid, others, trainer if apply_trainer else [], everything=everything, rescale=rescale
-        )
+        held = self._apply(step, others, trainer if apply_trainer else [], everything=everything, rescale=rescale)
         if held:
             return decision, held
         if not apply_trainer and decision.action in ("restart", "delete", "fail"):
@@ -288,15 +285,11 @@ class Reconciler:
     def _report(self, step: _Pass, decision: TrainerDecision, st: RLJobStatus, desired: int) -> None:
         """Status, the restart event and the job's gauges."""
         prev, job = step.prev, step.job
-        if desired != (prev.rollout_replicas_desired if prev.rollout_replicas_desired is not None else desired):
+        if prev.rollout_replicas_desired is not None and desired != prev.rollout_replicas_desired:
             st.last_scale_time = iso(step.now)
         if decision.action == "restart":
-            self.post_event(
-                step.body,
-                "Warning",
-                "GangRestart",
-                f"{decision.message}; restarting all trainers (restart {st.restarts}/{job.spec.restart_limit})",
-            )
+            message = f"{decision.message}; restarting all trainers (restart {st.restarts}/{job.spec.restart_limit})"
+            self.post_event(step.body, "Warning", "GangRestart", message)
         ns, name = step.names.namespace, step.names.job
         prom.JOB_STEP.labels(ns, name).set(st.step or 0)
         prom.JOB_REWARD.labels(ns, name).set(st.mean_reward or 0.0)
@@ -328,14 +321,7 @@ class Reconciler:
         return self._read_redis(job, retry_now=final)
 
     def _apply(
-        self,
-        job: RLJob,
-        uid: str,
-        others: list[dict[str, Any]],
-        trainer: list[dict[str, Any]],
-        *,
-        everything: bool,
-        rescale: bool,
+        self, step: _Pass, others: list[Manifest], trainer: list[Manifest], *, everything: bool, rescale: bool
     ) -> tuple[str, str] | None:
         """Apply the children of this pass: every child but the gang when `everything` (a spec
         change, a child missing), else only the rollout Deployment when its replicas change; then
@@ -345,43 +331,40 @@ class Reconciler:
         quota on Jobs, a gang webhook) must not leave the others on the new spec and the rest on
         the old one, nor workers and Redis running for a gang never created: a dry run of them all
         comes first."""
-        names = ChildNames(job.metadata.name, job.metadata.namespace)
+        job, names = step.job, step.names
         if everything:
-            refused = self._refusal(others + self._dry_runnable(trainer))
-            if refused:
-                return "ApplyRejected", refused
-            if not job.spec.weight_sync.redis.external_url:
-                held = self._ensure_secret(job, uid)
-                if held:
-                    return held
+            held = self._refusal(others + self._dry_runnable(trainer))
+            if not held and not job.spec.weight_sync.redis.external_url:
+                held = self._ensure_secret(job, step.body["metadata"]["uid"])
+            if held:
+                return held
             for manifest in others:
                 self.kube.apply(manifest)
             if job.spec.rollout.autoscaler != "keda" and self._api_available(KEDA_API):
-                self._delete_keda(names)  # switched away from KEDA: its HPA must stop writing replicas
+                # Switched away from KEDA: its HPA must stop writing replicas.
+                for kind in ("ScaledObject", "TriggerAuthentication"):
+                    self.kube.delete(KEDA_API, kind, names.namespace, names.rollout)
         elif rescale:
-            refused = self._refusal([c for c in others if c["kind"] == "Deployment"], dry_run=False)
-            if refused:
-                return "ApplyRejected", refused
-        if trainer:
-            refused = self._refusal(trainer, dry_run=False)
-            if refused:  # the dry run let it through, the API server did not (a quota used meanwhile)
-                return "ApplyRejected", refused
-        return None
+            held = self._refusal([c for c in others if c["kind"] == "Deployment"], dry_run=False)
+            if held:
+                return held
+        # A refusal here: the dry run let it through, the API server did not (a quota used meanwhile).
+        return self._refusal(trainer, dry_run=False)
 
-    def _refusal(self, manifests: list[dict[str, Any]], *, dry_run: bool = True) -> str | None:
-        """Why the API server refuses one of `manifests` (applied in order; a dry run by default),
-        or None. Only a refusal of the request itself counts; anything else (conflicts,
-        throttling, server errors) raises as before, and the pass is retried."""
+    def _refusal(self, manifests: list[Manifest], *, dry_run: bool = True) -> tuple[str, str] | None:
+        """("ApplyRejected", why) when the API server refuses one of `manifests` (applied in order;
+        a dry run by default), else None. Only a refusal of the request itself counts; anything
+        else (conflicts, throttling, server errors) raises, and the pass is retried."""
         for manifest in manifests:
             try:
                 self.kube.apply(manifest, dry_run=dry_run)
             except ApiError as exc:
                 if _refused(exc):
-                    return _refusal_message(manifest, exc)
+                    return "ApplyRejected", _refusal_message(manifest, exc)
                 raise
         return None
 
-    def _dry_runnable(self, trainer: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _dry_runnable(self, trainer: list[Manifest]) -> list[Manifest]:
         """The trainer manifests a dry run can judge. A Workload PodGroup names its Workload, and
         the API server refuses it while that does not exist, which a dry run of the Workload does
         not change: it is checked only once its Workload exists (else by the apply itself)."""
@@ -404,11 +387,7 @@ class Reconciler:
             self.post_event(body, "Warning", reason, message)
         self._write_status(body, stored, st)
 
-    def _delete_keda(self, names: ChildNames) -> None:
-        for kind in ("ScaledObject", "TriggerAuthentication"):
-            self.kube.delete(KEDA_API, kind, names.namespace, names.rollout)
-
-    def _gang_terminating(self, trainer: list[dict[str, Any]]) -> bool:
+    def _gang_terminating(self, trainer: list[Manifest]) -> bool:
         for manifest in trainer:
             if manifest["kind"] == "Job":
                 continue
@@ -425,9 +404,6 @@ class Reconciler:
         for api_version, kind in GANG_KINDS:
             if self._api_available(api_version):
                 self.kube.delete(api_version, kind, names.namespace, names.trainer)
-
-    def _had_preflight_error(self, prev: RLJobStatus) -> bool:
-        return any(c.type == "Ready" and c.reason in PREFLIGHT_REASONS for c in prev.conditions)
 
     def _api_available(self, api_version: str) -> bool:
         hit = self._api_cache.get(api_version)
@@ -446,11 +422,8 @@ class Reconciler:
         if not job.spec.queue_name or trainer_job is None or not trainer_job["spec"].get("suspend"):
             return None
         api = self._kueue_api()
-        if api is None:
-            return None
-        found = self.kube.list(
-            api, "Workload", job.metadata.namespace, f"{JOB_UID_LABEL}={trainer_job['metadata']['uid']}"
-        )
+        by_uid = f"{JOB_UID_LABEL}={trainer_job['metadata']['uid']}"
+        found = self.kube.list(api, "Workload", job.metadata.namespace, by_uid) if api else []
         return quota_reservation(found[0]) if found else None
 
     def _workload_api(self) -> str:
@@ -467,10 +440,8 @@ class Reconciler:
             needs = " or ".join(apis)
             return "GangProviderUnavailable", f"trainer.gangProvider {provider} needs {needs}, which this cluster lacks"
         if job.spec.queue_name and self._kueue_api() is None:
-            return (
-                "KueueUnavailable",
-                f"spec.queueName needs Kueue ({' or '.join(KUEUE_APIS)}), which this cluster lacks",
-            )
+            kueue = " or ".join(KUEUE_APIS)
+            return "KueueUnavailable", f"spec.queueName needs Kueue ({kueue}), which this cluster lacks"
         if job.spec.rollout.autoscaler == "keda" and not self._api_available(KEDA_API):
             return "KedaUnavailable", f"rollout.autoscaler keda needs {KEDA_API} (install KEDA)"
         secret = job.spec.weight_sync.redis.password_secret
@@ -484,7 +455,7 @@ class Reconciler:
                 return "VolumeClaimNotFound", f"{field_name} {claim} not found in {ns}"
         return None, ""
 
-    def _child_deleted(self, others: list[dict[str, Any]], names: ChildNames, managed: bool, now: float) -> bool:
+    def _child_deleted(self, others: list[Manifest], names: ChildNames, managed: bool, now: float) -> bool:
         """Every `child_check_seconds`: whether a child this pass did not read (all but the rollout
         Deployment and the Redis StatefulSet) is gone, so the pass re-applies them all."""
         memory = self.memory(names.namespace, names.job)
@@ -509,10 +480,9 @@ class Reconciler:
         memory = self.memory(job.metadata.namespace, job.metadata.name)
         names = ChildNames(job.metadata.name, job.metadata.namespace)
         found = self.kube.get("v1", "Secret", names.namespace, names.redis_secret)
+        memory.password = None  # until the Secret is found to be this job's
         if found is None:
-            memory.password = None
-            plan = RenderPlan(uid=uid, rollout_replicas=0)
-            secret = render_redis_secret(job, plan, pysecrets.token_urlsafe(32))
+            secret = render_redis_secret(job, RenderPlan(uid=uid, rollout_replicas=0), pysecrets.token_urlsafe(32))
             try:
                 self.kube.create(secret)
             except ApiError as exc:
@@ -523,7 +493,6 @@ class Reconciler:
         if found is None:
             return "SecretNotOwned", f"Secret {names.redis_secret} was deleted as it was created; trying again"
         if not controlled_by(found, uid):
-            memory.password = None
             return "SecretNotOwned", (
                 f"Secret {names.redis_secret} belongs to another owner (a deleted RLJob of the same name?); "
                 "waiting for it to be deleted"
@@ -550,11 +519,9 @@ class Reconciler:
             import redis
 
             password = self._password(job)
+            timeout = self.settings.redis_timeout_seconds
             client = redis.Redis.from_url(
-                redis_url(job),
-                password=password or None,
-                socket_connect_timeout=self.settings.redis_timeout_seconds,
-                socket_timeout=self.settings.redis_timeout_seconds,
+                redis_url(job), password=password or None, socket_connect_timeout=timeout, socket_timeout=timeout
             )
             try:
                 keys = JobKeys(job.metadata.namespace, job.metadata.name)
@@ -579,20 +546,11 @@ class Reconciler:
             return
         patch: dict[str, Any] = {**dict.fromkeys(old), **new}  # a merge patch deletes fields set to null
         if st.phase != prev.phase:
-            failed = next((c for c in st.conditions if c.type == "Failed" and c.status == "True"), None)
-            ready = next((c for c in st.conditions if c.type == "Ready"), None)
-            detail = failed or ready
-            kind = (
-                "Warning"
-                if st.phase == "Failed" or (st.phase == "Pending" and detail and detail.reason in PREFLIGHT_REASONS)
-                else "Normal"
-            )
-            self.post_event(
-                body,
-                kind,
-                f"Phase{st.phase}",
-                f"{prev.phase or 'New'} -> {st.phase}" + (f": {detail.message}" if detail else ""),
-            )
+            detail = failed_condition(st) or next((c for c in st.conditions if c.type == "Ready"), None)
+            preflight = st.phase == "Pending" and detail and detail.reason in PREFLIGHT_REASONS
+            kind = "Warning" if st.phase == "Failed" or preflight else "Normal"
+            message = f"{prev.phase or 'New'} -> {st.phase}" + (f": {detail.message}" if detail else "")
+            self.post_event(body, kind, f"Phase{st.phase}", message)
         meta = body["metadata"]
         try:
             self.kube.patch_status(meta["namespace"], meta["name"], patch)
@@ -609,13 +567,12 @@ class Reconciler:
         what is wrong."""
         message = invalid_spec_message(exc)
         if prev.phase and (prev.phase not in TERMINAL or failed_reason(prev) != "InvalidSpec"):
-            running = prev.phase not in TERMINAL
-            self._hold(
-                body, prev, generation, "InvalidSpec", message + ("; still running the previous spec" * running), now
-            )
+            if prev.phase not in TERMINAL:
+                message += "; still running the previous spec"
+            self._hold(body, prev, generation, "InvalidSpec", message, now)
             return
-        job = RLJob()
-        st = compute_status(job, generation, prev, Observed(), _fail("InvalidSpec", message), 0, None, None, now)
+        decision = TrainerDecision("fail", "InvalidSpec", message)
+        st = compute_status(RLJob(), generation, prev, Observed(), decision, 0, None, None, now)
         self._write_status(body, prev, st)
 
     def _finished(self, body: dict[str, Any], job: RLJob, prev: RLJobStatus, now: float) -> None:
@@ -636,8 +593,7 @@ class Reconciler:
                 self._delete_gang(names)
         rollout = self.kube.get("apps/v1", "Deployment", ns, names.rollout)
         if rollout and rollout.get("spec", {}).get("replicas"):
-            deployment = next(c for c in render_children(job, plan) if c["kind"] == "Deployment")
-            self.kube.apply(deployment)
+            self.kube.apply(render_rollout_deployment(job, plan))
         self._write_status(body, prev, finished_rollouts(prev, rollout))  # patches only a change
         ttl = job.spec.ttl_seconds_after_finished
         done = parse_time(prev.completion_time)
@@ -674,7 +630,3 @@ def invalid_spec_message(exc: ValidationError) -> str:
     if path and path[0] == "spec":
         path = path[1:]
     return f"{'.'.join(['spec', *path])}: {first['msg']}"
-
-
-def _fail(reason: str, message: str) -> TrainerDecision:
-    return TrainerDecision("fail", reason, message)

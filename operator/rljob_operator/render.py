@@ -18,13 +18,12 @@ import yaml
 from rljob.config import API_GROUP, API_VERSION, KIND, RLJob
 from rljob.keys import ROLLOUT_GROUP, JobKeys
 from rljob.runtime_env import WorkerEnv
-from rljob_operator.gang import WORKLOAD_BETA, pod_gang_fields, render_gang_objects
+from rljob_operator.gang import WORKLOAD_BETA, join_gang, render_gang_objects
 from rljob_operator.kueue import queue_labels
 from rljob_operator.names import (
     ANNOTATION_CONFIG_HASH,
     ANNOTATION_TRAINER_HASH,
     LABEL_JOB,
-    METRICS_PORT,
     REDIS_PORT,
     TRAINER_PORT,
     ChildNames,
@@ -100,24 +99,20 @@ def rollout_hash(job: RLJob) -> str:
     return digest(picked)
 
 
-def job_config_yaml(job: RLJob) -> str:
-    """The manifest the workers read back with `rljob.config.load_rljob` (defaults filled in)."""
+def render_config_map(job: RLJob, plan: RenderPlan) -> Manifest:
+    """The job's manifest, defaults filled in, as the workers read it back (`rljob.config.load_rljob`)."""
+    names = ChildNames(job.metadata.name, job.metadata.namespace)
     doc = {
         "apiVersion": f"{API_GROUP}/{API_VERSION}",
         "kind": KIND,
         "metadata": {"name": job.metadata.name, "namespace": job.metadata.namespace},
         "spec": spec_dict(job),
     }
-    return yaml.safe_dump(doc, sort_keys=False)
-
-
-def render_config_map(job: RLJob, plan: RenderPlan) -> Manifest:
-    names = ChildNames(job.metadata.name, job.metadata.namespace)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(job, names.config, "config", plan.uid),
-        "data": {"job.yaml": job_config_yaml(job)},
+        "data": {"job.yaml": yaml.safe_dump(doc, sort_keys=False)},
     }
 
 
@@ -274,17 +269,13 @@ def render_redis_network_policy(job: RLJob, plan: RenderPlan) -> Manifest:
     }
 
 
-def _resources(job: RLJob, role: str) -> dict[str, Any]:
-    res = job.spec.trainer.resources if role == "trainer" else job.spec.rollout.resources
+def _worker_pod_spec(job: RLJob, role: str, command: list[str], extra_env: list[dict[str, Any]]) -> dict[str, Any]:
+    names = ChildNames(job.metadata.name, job.metadata.namespace)
+    role_spec = job.spec.trainer if role == "trainer" else job.spec.rollout
+    res = role_spec.resources
     amounts: dict[str, Any] = {"cpu": res.cpu, "memory": res.memory}
     if res.gpus:
         amounts["nvidia.com/gpu"] = str(res.gpus)
-    return {"requests": dict(amounts), "limits": dict(amounts)}
-
-
-def _worker_pod_spec(job: RLJob, role: str, command: list[str], extra_env: list[dict[str, Any]]) -> dict[str, Any]:
-    names = ChildNames(job.metadata.name, job.metadata.namespace)
-    image = job.spec.trainer.image if role == "trainer" else job.spec.rollout.image
     env = [
         {"name": WorkerEnv.NAMES["config_path"], "value": CONFIG_PATH},
         {"name": WorkerEnv.NAMES["redis_url"], "value": redis_url(job)},
@@ -300,28 +291,23 @@ def _worker_pod_spec(job: RLJob, role: str, command: list[str], extra_env: list[
         {"name": "checkpoints", "mountPath": CHECKPOINT_DIR},
         {"name": "shm", "mountPath": "/dev/shm"},
     ]
-    claim = job.spec.trainer.checkpoint_volume_claim
+    claim = job.spec.trainer.checkpoint_volume_claim if role == "trainer" else None
+    checkpoints = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": names.config}},
         {"name": "tmp", "emptyDir": {}},
-        (
-            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}}
-            if claim and role == "trainer"
-            else {"name": "checkpoints", "emptyDir": {}}
-        ),
+        {"name": "checkpoints", **checkpoints},
         {"name": "shm", "emptyDir": {"medium": "Memory"}},
     ]
-    if job.spec.data.volume_claim:
+    if data_claim := job.spec.data.volume_claim:
         mounts.append({"name": "data", "mountPath": "/data", "readOnly": True})
-        volumes.append(
-            {"name": "data", "persistentVolumeClaim": {"claimName": job.spec.data.volume_claim, "readOnly": True}}
-        )
+        volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": data_claim, "readOnly": True}})
     container = {
         "name": role,
-        "image": image,
+        "image": role_spec.image,
         "command": ["rljob", *command],
         "env": env,
-        "resources": _resources(job, role),
+        "resources": {"requests": dict(amounts), "limits": dict(amounts)},
         "securityContext": _container_security(WORKER_UID),
         "volumeMounts": mounts,
     }
@@ -332,8 +318,7 @@ def _worker_pod_spec(job: RLJob, role: str, command: list[str], extra_env: list[
         "containers": [container],
         "volumes": volumes,
     }
-    gpus = (job.spec.trainer.resources if role == "trainer" else job.spec.rollout.resources).gpus
-    if gpus:
+    if res.gpus:
         spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     return spec
 
@@ -401,11 +386,9 @@ def render_trainer_job(job: RLJob, plan: RenderPlan) -> Manifest:
     pod_spec = _worker_pod_spec(job, "trainer", ["train"], dist_env)
     pod_spec["containers"][0]["ports"] = [{"name": "dist", "containerPort": TRAINER_PORT}]
     pod_spec.update({"restartPolicy": "Never", "subdomain": names.trainer})
-    gang = pod_gang_fields(job)
-    pod_spec.update(gang.spec)
-    template_labels = {**labels(names.job, "trainer"), **gang.labels}
     th = trainer_hash(job)
-    annotations = {ANNOTATION_TRAINER_HASH: th, **gang.annotations}
+    template_meta = {"labels": labels(names.job, "trainer"), "annotations": {ANNOTATION_TRAINER_HASH: th}}
+    join_gang(job, template_meta, pod_spec)
     meta = _meta(job, names.trainer, "trainer", plan.uid, annotations={ANNOTATION_TRAINER_HASH: th})
     meta["labels"].update(queue_labels(job))
     spec: dict[str, Any] = {
@@ -414,18 +397,11 @@ def render_trainer_job(job: RLJob, plan: RenderPlan) -> Manifest:
         "parallelism": n,
         "backoffLimit": 0,
         "podReplacementPolicy": "Failed",
-        "template": {"metadata": {"labels": template_labels, "annotations": annotations}, "spec": pod_spec},
+        "template": {"metadata": template_meta, "spec": pod_spec},
     }
     if not job.spec.queue_name:  # a queued Job's suspend is Kueue's (rljob_operator/kueue.py)
         spec["suspend"] = plan.trainers_suspended
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}
-
-
-def render_gang(job: RLJob, plan: RenderPlan) -> list[Manifest]:
-    out = render_gang_objects(job, plan.workload_api)
-    for obj in out:
-        obj["metadata"]["ownerReferences"] = [owner_reference(job, plan.uid)]
-    return out
 
 
 def render_keda(job: RLJob, plan: RenderPlan) -> list[Manifest]:
@@ -482,6 +458,7 @@ def render_children(job: RLJob, plan: RenderPlan) -> list[Manifest]:
     The Redis Secret is not here: it is created once with a fresh password (`render_redis_secret`).
     The trainer Job is last so it starts only once what it reads exists.
     """
+    names = ChildNames(job.metadata.name, job.metadata.namespace)
     out: list[Manifest] = [render_config_map(job, plan)]
     if not job.spec.weight_sync.redis.external_url:
         out += [
@@ -490,20 +467,6 @@ def render_children(job: RLJob, plan: RenderPlan) -> list[Manifest]:
             render_redis_network_policy(job, plan),
         ]
     out += [render_rollout_deployment(job, plan), *render_keda(job, plan), render_trainer_service(job, plan)]
-    out += [*render_gang(job, plan), render_trainer_job(job, plan)]
+    gang = render_gang_objects(job, plan.workload_api, _meta(job, names.trainer, "trainer", plan.uid))
+    out += [*gang, render_trainer_job(job, plan)]
     return out
-
-
-__all__ = [
-    "METRICS_PORT",
-    "RenderPlan",
-    "render_children",
-    "render_config_map",
-    "render_gang",
-    "render_keda",
-    "render_redis_secret",
-    "render_rollout_deployment",
-    "render_trainer_job",
-    "rollout_hash",
-    "trainer_hash",
-]

@@ -14,8 +14,8 @@ from rljob_operator.decide import (
     Observed,
     TrainerDecision,
     iso,
+    members,
     rollouts_forced_off,
-    running_members,
 )
 from rljob_operator.kueue import queued
 
@@ -68,8 +68,13 @@ def _set_rollouts(st: RLJobStatus, rollout: dict[str, Any] | None, desired: int)
     return ready
 
 
+def failed_condition(st: RLJobStatus) -> Condition | None:
+    return next((c for c in st.conditions if c.type == "Failed" and c.status == "True"), None)
+
+
 def failed_reason(st: RLJobStatus) -> str | None:
-    return next((c.reason for c in st.conditions if c.type == "Failed" and c.status == "True"), None)
+    failed = failed_condition(st)
+    return failed.reason if failed else None
 
 
 def idle_at_zero(job: RLJob, decision: TrainerDecision) -> bool:
@@ -112,7 +117,7 @@ def compute_status(
             st.eval_f1 = round(metrics.eval_f1, 4)
 
     replicas = job.spec.trainer.replicas
-    running = running_members(obs.trainer_job, obs.trainer_pods)
+    running = members(obs.trainer_job, obs.trainer_pods, "Running")
     waiting = queued(job, obs.trainer_job, obs.quota_reservation) if decision.action == "apply" else None
     ready_rollouts = _set_rollouts(st, obs.rollout, rollout_desired)
 
@@ -180,39 +185,21 @@ def compute_status(
     else:
         c = set_condition(c, "MetricsAvailable", True, "MetricsRead", f"step {metrics.step}", stamp, gen)
     parts = {x.type: x for x in c}
-    ready = all(parts[t].status == "True" for t in ("TrainersReady", "RolloutReady", "WeightStoreReady"))
     not_ready = [t for t in ("TrainersReady", "RolloutReady", "WeightStoreReady") if parts[t].status != "True"]
-    c = set_condition(
-        c,
-        "Ready",
-        ready,
-        "AllReady" if ready else (obs.preflight_reason or "NotReady"),
-        "all components ready" if ready else "not ready: " + ", ".join(not_ready),
-        stamp,
-        gen,
-    )
-    progressing = phase == "Running"
-    c = set_condition(
-        c,
-        "Progressing",
-        progressing,
-        "Training" if progressing else phase,
-        f"step {st.step or 0}/{st.total_steps}",
-        stamp,
-        gen,
-    )
+    if not_ready:
+        ready = (False, obs.preflight_reason or "NotReady", "not ready: " + ", ".join(not_ready))
+    else:
+        ready = (True, "AllReady", "all components ready")
+    c = set_condition(c, "Ready", *ready, stamp, gen)
+    progressing = (True, "Training") if phase == "Running" else (False, phase)
+    c = set_condition(c, "Progressing", *progressing, f"step {st.step or 0}/{st.total_steps}", stamp, gen)
     done = phase == "Succeeded"
     c = set_condition(c, "Complete", done, "TrainerSucceeded" if done else "NotComplete", "", stamp, gen)
-    failed_reason = (
-        decision.reason
-        if decision.action == "fail"
-        else (next((x.reason for x in prev.conditions if x.type == "Failed" and x.status == "True"), "NotFailed"))
-    )
-    failed_msg = (
-        decision.message
-        if decision.action == "fail"
-        else (next((x.message for x in prev.conditions if x.type == "Failed" and x.status == "True"), ""))
-    )
-    c = set_condition(c, "Failed", phase == "Failed", failed_reason, failed_msg, stamp, gen)
+    was_failed = failed_condition(prev)
+    if decision.action == "fail":
+        failed = (decision.reason, decision.message)
+    else:
+        failed = (was_failed.reason, was_failed.message) if was_failed else ("NotFailed", "")
+    c = set_condition(c, "Failed", phase == "Failed", *failed, stamp, gen)
     st.conditions = c
     return st

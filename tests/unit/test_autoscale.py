@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rljob.config import RolloutSpec
-from rljob_operator.autoscale import backlog_from_groups, desired_replicas
+from rljob.queue.backlog import backlog_from_groups
+from rljob_operator.autoscale import desired_replicas
 
 SPEC = RolloutSpec(min_replicas=1, max_replicas=6, pending_per_replica=8, scale_down_cooldown_seconds=60)
 
