@@ -5,9 +5,8 @@ that used them has been trained and published, so a trainer that dies mid-step f
 (its pending entries) when the gang restarts. Duplicates (a prompt redelivered to a second worker,
 or re-enqueued after a restart) are recognised by request id and acknowledged unused.
 
-Retention: every trajectory entry is deleted in the transaction that acknowledges it, and eval
-results are deleted once read (the trainer is their only reader). The job's Redis runs with
-noeviction, so entries left behind would grow until every write fails.
+Retention (see `rljob.queue`): every trajectory entry is deleted in the transaction that
+acknowledges it, and eval results are deleted once read (the trainer is their only reader).
 
 A Redis that restarts can also leave a step waiting for what it no longer has, both checked by a
 wait that makes no progress for `lost_check_s`:
@@ -18,11 +17,6 @@ wait that makes no progress for `lost_check_s`:
   last second of writes, our XADD of the prompts among them. A request whose prompt is not in the
   prompt stream and whose id is not in the done set (read in one transaction: a prompt leaves the
   stream in the transaction that marks it done) is enqueued again.
-
-A group the trainer cannot parse is dropped, but its request was answered (the worker put its id in
-the done set), so nobody would ever regenerate it. The collector notices, re-enqueues that prompt a
-bounded number of times, and then fails with `IncompatibleGroupError`: the usual cause is rollout
-workers running an rljob image of a different version than the trainer.
 """
 
 from __future__ import annotations
@@ -46,23 +40,19 @@ class IncompatibleGroupError(RuntimeError):
     """A worker's answers cannot be parsed by this trainer, even after a retry."""
 
 
-def vanished_prompts(client: redis.Redis, keys: JobKeys, stream: str, request_ids: Sequence[str]) -> list[str]:
-    """Those of `request_ids` neither queued on `stream` nor answered: Redis lost their prompt with
-    its last writes. Read in one transaction, as a prompt leaves the stream in the transaction
-    that marks its id done."""
-    if not request_ids:
-        return []
+def requeue_vanished(client: redis.Redis, keys: JobKeys, stream: str, waiting: Mapping[str, PromptRequest]) -> None:
+    """Enqueue again those of the `waiting` prompts (request id -> prompt) neither queued on `stream`
+    nor answered: Redis lost them with its last writes. Read in one transaction, as a prompt leaves
+    the stream in the transaction that marks its id done."""
+    if not waiting:
+        return
+    request_ids = list(waiting)
     with client.pipeline(transaction=True) as pipe:
         pipe.xrange(stream)
-        pipe.smismember(keys.rollout_done, list(request_ids))
+        pipe.smismember(keys.rollout_done, request_ids)
         queued, answered = pipe.execute()
     queued_ids = {request_id_of(entry_field(fields, DATA)) for _, fields in queued}
-    return [r for r, done in zip(request_ids, answered, strict=True) if not done and r not in queued_ids]
-
-
-def requeue_vanished(client: redis.Redis, keys: JobKeys, stream: str, waiting: Mapping[str, PromptRequest]) -> None:
-    """Enqueue again those of the `waiting` prompts (request id -> prompt) that Redis lost."""
-    vanished = vanished_prompts(client, keys, stream, list(waiting))
+    vanished = [r for r, done in zip(request_ids, answered, strict=True) if not done and r not in queued_ids]
     if vanished:
         log.warning("%s: enqueuing %d prompts again: Redis lost them with its last writes", stream, len(vanished))
         enqueue_prompts(client, stream, [waiting[r] for r in vanished])
@@ -136,12 +126,12 @@ class TrajectoryCollector:
             self._dropped = f"{type(exc).__name__}: {exc}"[:500]
             self.ack([entry_id])
             return
-        req = self.expected.get(group.request_id)
-        if group.request_id in self.buffer and self.buffer[group.request_id].entry_id == entry_id:
-            return  # the very entry we hold, read back from our pending list
-        if group.request_id in self.buffer:
-            self.ack([entry_id])  # a duplicate of a request in flight, whose id stays done
+        held = self.buffer.get(group.request_id)
+        if held is not None:
+            if held.entry_id != entry_id:  # else: the very entry we hold, read back from our pending list
+                self.ack([entry_id])  # a duplicate of a request in flight, whose id stays done
             return
+        req = self.expected.get(group.request_id)
         if req is None or req.step < current_step:
             # Unknown (an earlier run's, or a step already trained) or late: its publish put the id
             # back into the done set, where nothing would ever take it out again.
@@ -179,7 +169,8 @@ class TrajectoryCollector:
         requeue_vanished(self.client, self.keys, self.keys.prompts, waiting)
 
     def _recover_dropped(self, current_step: int) -> None:
-        """Re-enqueue requests a worker answered whose group we dropped as unparsable.
+        """Re-enqueue requests a worker answered whose group we dropped as unparsable: their ids are
+        done, so nobody else would regenerate them. After `max_requeues`, `IncompatibleGroupError`.
 
         The done set is read before draining the stream: a worker adds the id and its group in one
         transaction, so an id that was done then and still has no group after the drain was dropped."""
@@ -209,7 +200,7 @@ class TrajectoryCollector:
         request_ids: Sequence[str],
         *,
         timeout_s: float | None = None,
-        on_wait: Callable[[int, int], None] | None = None,
+        on_wait: Callable[[], object] | None = None,
     ) -> tuple[list[TrajectoryGroup], list[str]]:
         """Block until every request of `step` has a group; returns them in request order, plus
         the stream entry ids to acknowledge once the step is published."""
@@ -230,19 +221,14 @@ class TrajectoryCollector:
                 continue
             if time.monotonic() - last_report >= 15:
                 last_report = time.monotonic()
-                log.info(
-                    "step %d: %d/%d trajectory groups in (%.0fs)",
-                    step,
-                    len(wanted) - len(missing),
-                    len(wanted),
-                    last_report - started,
-                )
+                waited = last_report - started
+                log.info("step %d: %d/%d trajectory groups in (%.0fs)", step, arrived, len(wanted), waited)
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 raise TimeoutError(f"step {step}: {len(missing)} of {len(wanted)} trajectory groups missing")
             for entry_id, fields in self._read(self.block_ms):
                 self._accept(entry_id, fields, step)
             if on_wait is not None:
-                on_wait(len(wanted) - len(missing), len(wanted))
+                on_wait()
         pending = [self.buffer.pop(r) for r in wanted]
         for r in wanted:
             self.expected.pop(r, None)
@@ -282,11 +268,6 @@ def clear_earlier_runs(client: redis.Redis, keys: JobKeys) -> int:
     return dropped
 
 
-def stream_last_id(client: redis.Redis, stream: str) -> str:
-    newest = client.xrevrange(stream, "+", "-", count=1)
-    return text(newest[0][0]) if newest else "0-0"
-
-
 def eval_round(
     client: redis.Redis,
     keys: JobKeys,
@@ -294,7 +275,7 @@ def eval_round(
     *,
     timeout_s: float,
     block_ms: int = 1000,
-    on_wait: Callable[[], None] | None = None,
+    on_wait: Callable[[], object] | None = None,
     lost_check_s: float = 10.0,
 ) -> list[TrajectoryGroup]:
     """Enqueue greedy eval prompts and wait for their results (any order, duplicates ignored);
@@ -303,7 +284,8 @@ def eval_round(
     Results are deleted as they are read, and those left by an earlier round that timed out are
     trimmed first. An unparsable result fails at once: waiting out the timeout would not help.
     A wait without a new result for `lost_check_s` enqueues again the prompts Redis lost."""
-    since = stream_last_id(client, keys.eval_results)
+    newest = client.xrevrange(keys.eval_results, "+", "-", count=1)
+    since = text(newest[0][0]) if newest else "0-0"
     client.xtrim(keys.eval_results, maxlen=0, approximate=False)  # older rounds' leftovers: nobody reads them
     done = DoneSet(client, keys)
     done.forget_earlier_evals()

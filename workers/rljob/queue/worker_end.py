@@ -6,10 +6,8 @@ can leave the prompt either unanswered and pending (to be reclaimed) or answered
 never answered twice. And a request id already in the done set is only acknowledged, which covers a
 slow worker whose prompt was reclaimed and answered by another.
 
-Retention: a prompt entry is deleted in the same transaction that acknowledges it. The job's Redis
-runs with noeviction, so acknowledged entries left in a stream would grow until every write fails.
-Only acknowledged entries are deleted, so a prompt held by a worker that dies stays pending, to be
-reclaimed. With every acknowledged entry deleted, a prompt stream's length is exactly its backlog.
+Retention (see `rljob.queue`): a prompt entry is deleted in the same transaction that acknowledges
+it, and only then, so a prompt held by a worker that dies stays pending, to be reclaimed.
 """
 
 from __future__ import annotations
@@ -62,8 +60,8 @@ def reclaim_stale(client: redis.Redis, keys: JobKeys, consumer: str, min_idle_ms
     """Take over prompts another consumer has held longer than `min_idle_ms` (it died).
 
     XAUTOCLAIM looks at no more than ten times COUNT pending entries per call, so the scan follows
-    its cursor through the whole pending list: from 0-0 alone, a dead worker's prompts queued
-    behind many that live workers hold were never looked at."""
+    its cursor through the whole pending list: a dead worker's prompts may queue behind many that
+    live workers hold."""
     taken: list[HeldPrompt] = []
     for stream in (keys.prompts, keys.eval_prompts):
         cursor = "0-0"
@@ -141,13 +139,12 @@ def acknowledge(client: redis.Redis, held: list[HeldPrompt]) -> None:
 
 
 def reject(client: redis.Redis, keys: JobKeys, held: list[HeldPrompt]) -> None:
-    """Answer prompts this worker cannot parse with a rejection, instead of dropping them unseen.
+    """Answer prompts this worker cannot parse (say, from a trainer of another rljob version) with a
+    rejection, instead of dropping them unseen while the trainer waits for their groups forever.
 
-    A prompt from a trainer of another rljob version (a field this worker does not know) used to be
-    acknowledged and deleted: the trainer waited for its group forever. The rejection goes where
-    the group would (one transaction with the done set and the acknowledgement, as a group), so the
-    trainer sees it, retries once, and then fails naming the cause. An entry without a request id
-    (not even JSON) answers nobody: it is only acknowledged."""
+    The rejection goes where the group would (one transaction with the done set and the
+    acknowledgement, as a group), so the trainer sees it, retries once, and then fails naming the
+    cause. An entry without a request id (not even JSON) answers nobody: it is only acknowledged."""
     if not held:
         return
     done = DoneSet(client, keys)

@@ -17,9 +17,7 @@ def group_advantages(rewards: Sequence[float], *, scale: bool = True, eps: float
     Computed in Python floats (double precision) so every rank gets the same bits.
     """
     n = len(rewards)
-    if n == 0:
-        return []
-    if is_degenerate(rewards):
+    if is_degenerate(rewards):  # also an empty group: []
         return [0.0] * n
     mean = math.fsum(rewards) / n
     centered = [r - mean for r in rewards]

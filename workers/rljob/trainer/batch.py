@@ -44,13 +44,9 @@ class Selection:
     empty: int  # trajectories without a single generated token
 
 
-def is_stale(trajectory: Trajectory, current_version: int, max_policy_lag: int) -> bool:
-    """A sample is stale when its policy is more than `max_policy_lag` versions behind."""
-    return trajectory.policy_version < current_version - max_policy_lag
-
-
 def fresh_trajectories(group: TrajectoryGroup, current_version: int, max_policy_lag: int) -> list[Trajectory]:
-    return [t for t in group.trajectories if not is_stale(t, current_version, max_policy_lag)]
+    """The group's trajectories whose policy is at most `max_policy_lag` versions behind."""
+    return [t for t in group.trajectories if t.policy_version >= current_version - max_policy_lag]
 
 
 def informative_groups(groups: Sequence[TrajectoryGroup], current_version: int, max_policy_lag: int) -> int:
@@ -127,9 +123,9 @@ def prompt_micro_batches(samples: Sequence[Sample], size: int) -> list[list[Samp
     return out
 
 
-def shared_prefix_length(samples: Sequence[Sample], minimum: int = MIN_SHARED_PREFIX) -> int:
+def shared_prefix_length(samples: Sequence[Sample]) -> int:
     """Leading tokens every sample has in common and that predict no loss token, or 0 when fewer
-    than `minimum` or a single sample (nothing to share).
+    than `MIN_SHARED_PREFIX` or a single sample (nothing to share).
 
     The last shared position stays out, so that each row's own forward starts at the position
     whose logits predict its first generated token.
@@ -139,7 +135,7 @@ def shared_prefix_length(samples: Sequence[Sample], minimum: int = MIN_SHARED_PR
     head, length = samples[0].token_ids, max(min(first_generated(s) for s in samples) - 1, 0)
     for s in samples[1:]:
         length = next((i for i in range(length) if s.token_ids[i] != head[i]), length)
-    return length if length >= minimum else 0
+    return length if length >= MIN_SHARED_PREFIX else 0
 
 
 @dataclass

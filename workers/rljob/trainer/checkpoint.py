@@ -40,12 +40,10 @@ class CheckpointRef:
 
 @dataclass
 class Checkpoint:
-    path: Path
     step: int
     policy_version: int
     trainer: dict[str, Any]  # GRPOTrainer.state_dict()
     rng: dict[str, Any]
-    extra: dict[str, Any]
 
 
 def capture_rng() -> dict[str, Any]:
@@ -85,7 +83,6 @@ def save_checkpoint(
     step: int,
     policy_version: int,
     trainer_state: dict[str, Any],
-    extra: dict[str, Any] | None = None,
     keep: int = 2,
 ) -> Path:
     """Write `step-<step>` atomically, then keep only the newest `keep` checkpoints."""
@@ -98,22 +95,21 @@ def save_checkpoint(
     tmp.mkdir()
     payload = {"trainer": trainer_state, "rng": capture_rng()}
     torch.save(payload, tmp / STATE_FILE)
-    meta = {"step": step, "policy_version": policy_version, "extra": extra or {}}
-    (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
+    (tmp / META_FILE).write_text(json.dumps({"step": step, "policy_version": policy_version}, indent=1))
     for name in (STATE_FILE, META_FILE):
-        with open(tmp / name, "rb") as fh:
-            os.fsync(fh.fileno())
+        _fsync(tmp / name)
     if final.exists():  # the same step written again (e.g. after a restart): replace it
         shutil.rmtree(final)
     os.rename(tmp, final)
-    _fsync_dir(directory)
+    _fsync(directory)
     for _, old in _step_dirs(directory)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def _fsync(path: Path) -> None:
+    """Flush a file's data, or a directory's entries, to disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -147,35 +143,22 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     Mapped tensors are page cache, which the kernel can drop, so a resume that copies them onto a
     GPU never holds the state in process memory; a tensor kept past the copy keeps the file mapped.
     """
-    path = Path(path)
-    meta = json.loads((path / META_FILE).read_text())
+    ref = read_ref(path)
     # Our own file (RNG states include numpy arrays), so the full unpickler is fine here.
-    payload = torch.load(path / STATE_FILE, map_location=map_location, weights_only=False, mmap=mmap)
-    return Checkpoint(
-        path=path,
-        step=int(meta["step"]),
-        policy_version=int(meta["policy_version"]),
-        trainer=payload["trainer"],
-        rng=payload["rng"],
-        extra=meta.get("extra", {}),
-    )
+    payload = torch.load(Path(path) / STATE_FILE, map_location=map_location, weights_only=False, mmap=mmap)
+    return Checkpoint(step=ref.step, policy_version=ref.policy_version, trainer=payload["trainer"], rng=payload["rng"])
 
 
 def save_reference(directory: str | Path, state_dict: dict[str, torch.Tensor]) -> Path:
-    """Write the KL reference weights atomically (temporary file, fsync, rename) beside the checkpoints.
-
-    Written once per run, before the first checkpoint, so any checkpoint of a run that warmed up
-    has its reference on disk; one model's weights, not one per checkpoint.
-    """
+    """Write the KL reference weights atomically (temporary file, fsync, rename) beside the checkpoints."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / REFERENCE_FILE
     tmp = directory / f".tmp-{REFERENCE_FILE}-{os.getpid()}"
     torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, tmp)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
+    _fsync(tmp)
     os.replace(tmp, final)
-    _fsync_dir(directory)
+    _fsync(directory)
     return final
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -28,6 +28,8 @@ from rljob.weights import WeightPublisher
 
 log = logging.getLogger(__name__)
 
+EVAL_TIMEOUT_S = 3600.0  # an evaluation round not answered by then is skipped
+
 
 @dataclass
 class StepBatch:
@@ -39,8 +41,8 @@ class StepBatch:
     informative: int
     refill_rounds: int
     started: float
-    wait_seconds: float = 0.0
-    rollout: dict[str, float] = field(default_factory=dict)
+    wait_seconds: float
+    rollout: dict[str, float]
 
 
 class Coordinator:
@@ -57,15 +59,11 @@ class Coordinator:
         metrics: TrainerMetrics,
         start_step: int,
         resumed: bool,
-        rank: int = 0,
         progress: bool = False,
-        collect_timeout_s: float | None = None,
-        eval_timeout_s: float = 3600.0,
     ) -> None:
         spec = job.spec
         self.job, self.trainer, self.client, self.writer, self.metrics = job, trainer, client, writer, metrics
         self.keys = JobKeys(job.metadata.namespace, job.metadata.name)
-        self.collect_timeout_s, self.eval_timeout_s = collect_timeout_s, eval_timeout_s
         self.questions, scored = load_questions(job)
         self.eval_questions = scored[: spec.eval.questions]
         if resumed:  # the group counts go on from where the run left them
@@ -78,11 +76,17 @@ class Coordinator:
         self.run_tag = str(self.version)  # keeps request ids unique across restarts
         metrics.policy_version, metrics.weight_bytes, metrics.step = self.version, published.bytes, start_step
         writer.write(metrics, log=False)
-        self.collector = TrajectoryCollector(client, self.keys, consumer=f"trainer-{rank}")
+        self.collector = TrajectoryCollector(client, self.keys)
         clear_earlier_runs(client, self.keys)  # before this run enqueues anything
         self.enqueued_through = start_step - 1
         self.dropped_stale_total = 0
-        self.bar = _progress_bar(progress, spec.grpo.total_steps, start_step)
+        self.bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=spec.grpo.total_steps, initial=start_step, desc="grpo", unit="step", dynamic_ncols=True
+            )
         if not resumed and spec.eval.interval and self.eval_questions:
             # The starting point (after any warm-up), so every run reports before and after.
             before = self.evaluate(0)
@@ -175,8 +179,8 @@ class Coordinator:
                 self.client,
                 self.keys,
                 eval_requests(step, self.eval_questions, self.version),
-                timeout_s=self.eval_timeout_s,
-                on_wait=self.answer_rebase,
+                timeout_s=EVAL_TIMEOUT_S,
+                on_wait=self.publisher.answer_rebase,
             )
         except TimeoutError as exc:
             log.warning("eval at step %d skipped: %s", step, exc)
@@ -191,13 +195,6 @@ class Coordinator:
             "per_question": per_question_scores(groups),
         }
 
-    def answer_rebase(self, *_: Any) -> None:
-        """While waiting on rollout workers: a reader that cannot apply what is stored (a chunk that
-        stays corrupt, say) asks for a rebase and produces nothing until it can load the latest
-        version, so the publisher re-exports it now rather than at the next publish, which would
-        never come."""
-        self.publisher.answer_rebase()
-
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -207,23 +204,14 @@ class Coordinator:
         trainer_end.enqueue_prompts(self.client, self.keys.prompts, requests)
 
     def _collect(self, step: int, request_ids: list[str]) -> tuple[list[TrajectoryGroup], list[str]]:
-        return self.collector.collect(step, request_ids, timeout_s=self.collect_timeout_s, on_wait=self.answer_rebase)
+        # While waiting, answer a reader's rebase request: the next publish waits on these very rollouts.
+        return self.collector.collect(step, request_ids, on_wait=self.publisher.answer_rebase)
 
 
 def _update(metrics: TrainerMetrics, values: dict[str, Any]) -> None:
     """In place: `run_trainer` records the final state on this very object."""
     for name, value in values.items():
         setattr(metrics, name, value)
-
-
-def _progress_bar(enabled: bool, total: int, initial: int) -> Any:
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, initial=initial, desc="grpo", unit="step", dynamic_ncols=True)
 
 
 def _show(bar: Any, m: TrainerMetrics) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import functools
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -33,7 +32,7 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
-DEFAULT_CONTROL_TIMEOUT_S = 24 * 3600.0
+CONTROL_TIMEOUT_S = 24 * 3600.0
 
 
 @dataclass
@@ -54,52 +53,34 @@ class Gang:
         return self.world_size > 1
 
 
-def rank_and_world_from_env(env: dict[str, str] | None = None) -> tuple[int, int]:
-    """RANK (or JOB_COMPLETION_INDEX) and WORLD_SIZE; a lone process when neither is set."""
-    env = dict(os.environ) if env is None else env
-    world = int(env.get("WORLD_SIZE", "1"))
-    rank_text = env.get("RANK") or env.get("JOB_COMPLETION_INDEX") or "0"
-    rank = int(rank_text)
-    if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"invalid gang position: RANK={rank} WORLD_SIZE={world}")
-    return rank, world
+def init_gang(device: torch.device) -> Gang:
+    """Join the gang (env:// rendezvous) or return a single-process gang when WORLD_SIZE is 1.
 
-
-def init_gang(
-    device: torch.device,
-    *,
-    rank: int | None = None,
-    world_size: int | None = None,
-    collective_timeout_s: float | None = None,
-    control_timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S,
-) -> Gang:
-    """Join the gang (env:// rendezvous) or return a single-process gang when WORLD_SIZE is 1."""
-    env_rank, env_world = rank_and_world_from_env()
-    rank = env_rank if rank is None else rank
-    world_size = env_world if world_size is None else world_size
+    RANK (or JOB_COMPLETION_INDEX) and WORLD_SIZE come from the environment; neither set: a lone process.
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK") or os.environ.get("JOB_COMPLETION_INDEX") or "0")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"invalid gang position: RANK={rank} WORLD_SIZE={world_size}")
     if world_size == 1:
         return Gang()
-    if collective_timeout_s is None:
-        collective_timeout_s = float(os.environ.get("RLJOB_COLLECTIVE_TIMEOUT", DEFAULT_COLLECTIVE_TIMEOUT_S))
+    collective_timeout_s = float(os.environ.get("RLJOB_COLLECTIVE_TIMEOUT", DEFAULT_COLLECTIVE_TIMEOUT_S))
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
         dist.init_process_group(
             backend=backend,
-            store=rendezvous_store(rank, world_size, control_timeout_s),
+            store=rendezvous_store(rank, world_size, CONTROL_TIMEOUT_S),
             rank=rank,
             world_size=world_size,
             timeout=dt.timedelta(seconds=collective_timeout_s),
         )
-    control = dist.new_group(backend="gloo", timeout=dt.timedelta(seconds=control_timeout_s))
+    control = dist.new_group(backend="gloo", timeout=dt.timedelta(seconds=CONTROL_TIMEOUT_S))
     return Gang(rank=rank, world_size=world_size, control_group=control, collective_device=device.type)
 
 
 def rendezvous_store(rank: int, world_size: int, timeout_s: float) -> dist.TCPStore:
-    """The env:// store (rank 0 serves it at MASTER_ADDR:MASTER_PORT), waiting `timeout_s` for members.
-
-    init_process_group would give its own store the collective timeout, so a member whose pod
-    started later than that (a large image pulled on another node) failed the whole gang.
-    """
+    """The env:// store (rank 0 serves it at MASTER_ADDR:MASTER_PORT), waiting `timeout_s` for members
+    (init_process_group's own store would wait only the collective timeout)."""
     return dist.TCPStore(
         host_name=os.environ["MASTER_ADDR"],
         port=int(os.environ["MASTER_PORT"]),
@@ -151,41 +132,35 @@ def all_ranks(gang: Gang, flag: bool) -> bool:
 def broadcast_state(gang: Gang, state: Any) -> Any:
     """Rank 0's nested state (dicts, lists, tuples of tensors) on every rank, tensor by tensor.
 
-    Unlike `broadcast_object`, nothing pickles the tensors: pickling a whole trainer state held
-    about four copies of it at once. The layout goes as a small object, then each tensor into a
-    buffer of its own, on the control group (CPU; long timeout, as rank 0 may still be reading).
+    Unlike `broadcast_object`, nothing pickles the tensors (that held about four copies of the state
+    at once): the layout goes as a small object, then each tensor into a buffer of its own, on the
+    control group (CPU; long timeout, as rank 0 may still be reading).
     """
     if not gang.distributed:
         return state
     tensors: list[torch.Tensor] = []
-    layout = broadcast_object(gang, _replace(state, torch.Tensor, _slot_for(tensors)) if gang.is_main else None)
+
+    def slot(t: torch.Tensor) -> _TensorSlot:  # a tensor's shape and dtype; the tensor goes after the layout
+        tensors.append(t)
+        return _TensorSlot(tuple(t.shape), t.dtype)
+
+    def receive(slot: _TensorSlot) -> torch.Tensor:
+        t = torch.empty(slot.shape, dtype=slot.dtype)
+        dist.broadcast(t, src=0, group=gang.control_group)
+        return t
+
+    layout = broadcast_object(gang, _replace(state, torch.Tensor, slot) if gang.is_main else None)
     if gang.is_main:
         for t in tensors:
             dist.broadcast(t.detach().cpu().contiguous(), src=0, group=gang.control_group)
         return state
-    return _replace(layout, _TensorSlot, functools.partial(_receive, group=gang.control_group))
+    return _replace(layout, _TensorSlot, receive)
 
 
 @dataclass(frozen=True)
 class _TensorSlot:
     shape: tuple[int, ...]
     dtype: torch.dtype
-
-
-def _slot_for(tensors: list[torch.Tensor]) -> Callable[[torch.Tensor], _TensorSlot]:
-    """Replaces a tensor by its shape and dtype, remembering it (in order) in `tensors`."""
-
-    def slot(t: torch.Tensor) -> _TensorSlot:
-        tensors.append(t)
-        return _TensorSlot(tuple(t.shape), t.dtype)
-
-    return slot
-
-
-def _receive(slot: _TensorSlot, group: Any) -> torch.Tensor:
-    t = torch.empty(slot.shape, dtype=slot.dtype)
-    dist.broadcast(t, src=0, group=group)
-    return t
 
 
 def _replace(value: Any, leaf: type, fn: Callable[[Any], Any]) -> Any:

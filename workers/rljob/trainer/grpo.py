@@ -1,8 +1,4 @@
-"""The GRPO update as an object that needs no Redis: groups in, one optimiser step out.
-
-`GRPOTrainer.train_step` is what the Redis loop calls each step, what the learning-sanity test
-calls in a loop, and what the distributed tests compare across gang sizes.
-"""
+"""The GRPO update as an object that needs no Redis: groups in, one optimiser step out."""
 
 from __future__ import annotations
 
@@ -47,7 +43,15 @@ class StepStats:
         return asdict(self)
 
 
-_STAT_FIELDS = ("loss", "clipped", "truncated", "is_weight", "ratio", "kl", "entropy")
+# StepStats field -> the TokenTerms field whose per-token mean it reports.
+_TOKEN_STATS = {
+    "clip_fraction": "clipped",
+    "truncated_fraction": "truncated",
+    "importance_weight": "is_weight",
+    "ratio": "ratio",
+    "kl": "kl",
+    "entropy": "entropy",
+}
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -89,9 +93,7 @@ class GRPOTrainer:
         disable_dropout(self.model)  # the rollout engine samples without it
         if spec.gradient_checkpointing:
             self._enable_checkpointing()
-        self.ref_model = ref_model.to(self.device) if ref_model is not None else None
-        if self.ref_model is not None:
-            self.ref_model.eval()
+        self.ref_model = ref_model.to(self.device).eval() if ref_model is not None else None
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params, lr=spec.learning_rate, weight_decay=spec.weight_decay, betas=(0.9, 0.999), eps=1e-8
@@ -113,18 +115,11 @@ class GRPOTrainer:
         if hasattr(self.model, "config"):
             self.model.config.use_cache = False
 
-    # -- forward helpers -------------------------------------------------------------------------
     def _token_logprobs(self, model: torch.nn.Module, mb: MicroBatch, entropy: bool = False) -> TokenLogprobs:
         # Behaviour log-probs are of softmax(logits / T): the ratio must compare like with like.
         return masked_token_logprobs(
             model, mb, temperature=self.temperature, autocast_dtype=self.autocast_dtype, entropy=entropy
         )
-
-    @torch.no_grad()
-    def _ref_logprobs(self, mb: MicroBatch) -> torch.Tensor | None:
-        if self.ref_model is None:
-            return None
-        return self._token_logprobs(self.ref_model, mb).logp
 
     # -- the step ------------------------------------------------------------------------------
     def train_step(self, groups: Sequence[TrajectoryGroup], current_version: int) -> StepStats:
@@ -159,8 +154,11 @@ class GRPOTrainer:
             collate(mb, self.pad_token_id, self.device, share_prefix=True)
             for mb in prompt_micro_batches(mine, spec.micro_batch_size)
         ]
-        sums = torch.zeros(len(_STAT_FIELDS), dtype=torch.float64)
-        ref_cache = [self._ref_logprobs(mb) for mb in batches] if self.ref_model is not None else None
+        sums = torch.zeros(1 + len(_TOKEN_STATS), dtype=torch.float64)
+        ref_cache: list[torch.Tensor] | None = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_cache = [self._token_logprobs(self.ref_model, mb).logp for mb in batches]
         prox_cache: list[torch.Tensor] = []
 
         self.optimizer.zero_grad(set_to_none=True)
@@ -169,7 +167,8 @@ class GRPOTrainer:
                 sums += self._accumulate(mb, epoch, i, prox_cache, ref_cache, stats)
             sync_gradients(self.gang, self.params)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, spec.max_grad_norm)
-            self._set_learning_rate()
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.learning_rate
             self.optimizer.step()
             self.updates += 1
             self.optimizer.zero_grad(set_to_none=True)
@@ -179,12 +178,8 @@ class GRPOTrainer:
         all_reduce_sum(self.gang, sums)
         tokens = max(stats.tokens * spec.epochs, 1)
         stats.loss = float(sums[0]) / spec.epochs
-        stats.clip_fraction = float(sums[1]) / tokens
-        stats.truncated_fraction = float(sums[2]) / tokens
-        stats.importance_weight = float(sums[3]) / tokens
-        stats.ratio = float(sums[4]) / tokens
-        stats.kl = float(sums[5]) / tokens
-        stats.entropy = float(sums[6]) / tokens
+        for i, name in enumerate(_TOKEN_STATS, start=1):
+            setattr(stats, name, float(sums[i]) / tokens)
         stats.train_seconds = time.perf_counter() - started
         if not math.isfinite(stats.loss):
             raise FloatingPointError(f"non-finite GRPO loss {stats.loss}")
@@ -196,10 +191,10 @@ class GRPOTrainer:
         epoch: int,
         index: int,
         prox_cache: list[torch.Tensor],
-        ref_cache: list[torch.Tensor | None] | None,
+        ref_cache: list[torch.Tensor] | None,
         stats: StepStats,
     ) -> torch.Tensor:
-        """Forward and backward of one micro-batch; returns its stat sums."""
+        """Forward and backward of one micro-batch; returns its loss, then its `_TOKEN_STATS` sums."""
         spec = self.spec
         scored = self._token_logprobs(self.model, mb, entropy=spec.entropy_coef > 0)
         logp, entropy = scored.logp, scored.entropy
@@ -228,28 +223,14 @@ class GRPOTrainer:
         )
         loss.backward()
         with torch.no_grad():
-            return torch.tensor(
-                [
-                    float(loss),
-                    float(terms.clipped.sum()),
-                    float(terms.truncated.sum()),
-                    float(terms.is_weight.sum()),
-                    float(terms.ratio.sum()),
-                    float(terms.kl.sum()),
-                    float(terms.entropy.sum()),
-                ],
-                dtype=torch.float64,
-            )
+            token_sums = [float(getattr(terms, field).sum()) for field in _TOKEN_STATS.values()]
+            return torch.tensor([float(loss), *token_sums], dtype=torch.float64)
 
     @property
     def learning_rate(self) -> float:
         """The rate of the next optimiser step: linear warm-up over `lrWarmupSteps`, then constant."""
         warmup = self.spec.lr_warmup_steps
         return self.spec.learning_rate * (min(1.0, (self.updates + 1) / warmup) if warmup else 1.0)
-
-    def _set_learning_rate(self) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.learning_rate
 
     # -- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -1,15 +1,14 @@
 """Per-token log-probs of a micro-batch, with the output layer applied only where the loss is taken.
 
-About four fifths of a trajectory's positions carry no loss (the prompt, retrieved passages,
-padding), and a small model's vocabulary projection is a large share of its FLOPs (SmolLM2: 57 of
-about 290 MFLOP a token) plus a [tokens, vocab] logits tensor per micro-batch. For model families
-whose logits are the plain head of the last hidden state, the body runs on every position (a
-prefix the rows share, their group's prompt, once) and the head only on the loss positions; the
-others take the full forward, because many transform their logits inside it (Granite's
-logits_scaling, Cohere's logit_scale, Gemma 2's soft-capping).
+Most of a trajectory's positions carry no loss (the prompt, retrieved passages, padding), and a
+small model's vocabulary projection is a large share of its FLOPs plus a [tokens, vocab] tensor.
+For model families whose logits are the plain head of the last hidden state, the body runs on
+every position (a prefix the rows share, their group's prompt, once) and the head only on the loss
+positions; the others take the full forward, because many transform their logits inside it
+(Granite's logits_scaling, Cohere's logit_scale, Gemma 2's soft-capping).
 
 The body may run under autocast (bf16 on fast hardware); the head and the log-softmax always run
-in fp32, since bf16 logits carry an ulp of 0.06-0.125 at the magnitudes a softmax sees.
+in fp32, since bf16 logits are too coarse for a softmax.
 """
 
 from __future__ import annotations
@@ -106,18 +105,14 @@ def masked_token_logprobs(
     if parts is None:
         with autocast_context(device, autocast_dtype):
             out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-        logits = (out.logits if hasattr(out, "logits") else out)[:, :-1, :].float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        logp = torch.where(mb.mask, token_logprobs(logits, mb.targets), 0.0)
-        ent = torch.where(mb.mask, token_entropy(logits), 0.0) if entropy else None
-        return TokenLogprobs(logp, ent)
-    body, head = parts
-    with autocast_context(device, autocast_dtype):
-        hidden, start = _hidden_states(body, mb)
-    picked = hidden[:, :-1, :][mb.mask[:, start:]]  # [loss tokens, hidden], in `mb.mask` order
-    with torch.autocast(device.type, enabled=False):
-        logits = head(picked.float())  # [loss tokens, vocab], fp32 master weights
+        logits = (out.logits if hasattr(out, "logits") else out)[:, :-1, :][mb.mask].float()  # [loss tokens, vocab]
+    else:
+        body, head = parts
+        with autocast_context(device, autocast_dtype):
+            hidden, start = _hidden_states(body, mb)
+        picked = hidden[:, :-1, :][mb.mask[:, start:]]  # [loss tokens, hidden], in `mb.mask` order
+        with torch.autocast(device.type, enabled=False):
+            logits = head(picked.float())  # [loss tokens, vocab], fp32 master weights
     if temperature != 1.0:
         logits = logits / temperature
     logp = _scatter(token_logprobs(logits, mb.targets[mb.mask]), mb.mask)

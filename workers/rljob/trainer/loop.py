@@ -8,14 +8,13 @@ holds, so after a restart the first publish (of the checkpointed weights) is sim
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import random
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import redis
 import torch
 
 from rljob.config import RLJob
@@ -47,9 +46,6 @@ from rljob.trainer.distributed import (
 from rljob.trainer.grpo import GRPOTrainer, frozen_copy
 from rljob.trainer.metrics import MetricsWriter
 
-if TYPE_CHECKING:
-    from rljob.trainer.coordinator import Coordinator
-
 log = logging.getLogger(__name__)
 
 
@@ -72,38 +68,22 @@ def run_trainer(
     redis_url: str,
     checkpoint_dir: str,
     *,
-    rank: int | None = None,
-    world_size: int | None = None,
     results_dir: str | None = None,
     progress: bool = True,
-    collect_timeout_s: float | None = None,
-    eval_timeout_s: float = 3600.0,
 ) -> None:
     """Train `job` to `grpo.totalSteps`, resuming from the newest checkpoint in `checkpoint_dir`."""
     device = _device()
-    gang = init_gang(device, rank=rank, world_size=world_size)
-    client = writer = coordinator = None
+    gang = init_gang(device)
+    client = writer = None
     metrics = TrainerMetrics(total_steps=job.spec.grpo.total_steps)
     finished = False
     try:
         if gang.is_main:
             from rljob.redis_client import connect
-            from rljob.trainer.coordinator import Coordinator
 
             client = connect(redis_url)
             writer = MetricsWriter(client, JobKeys(job.metadata.namespace, job.metadata.name), results_dir)
-            coordinator = functools.partial(
-                Coordinator,
-                job,
-                client=client,
-                writer=writer,
-                metrics=metrics,
-                rank=gang.rank,
-                progress=progress,
-                collect_timeout_s=collect_timeout_s,
-                eval_timeout_s=eval_timeout_s,
-            )
-        _train(job, gang, device, writer, coordinator, checkpoint_dir, progress)
+        _train(job, gang, device, client, writer, metrics, checkpoint_dir, progress)
         if writer is not None:
             writer.finish(metrics, succeeded=True)
         finished = True
@@ -124,28 +104,40 @@ def _train(
     job: RLJob,
     gang: Gang,
     device: torch.device,
+    client: redis.Redis | None,
     writer: MetricsWriter | None,
-    make_coordinator: Callable[..., Coordinator] | None,
+    metrics: TrainerMetrics,
     checkpoint_dir: str,
     progress: bool,
 ) -> None:
-    """The gang's loop: rank 0's coordinator gathers each step's groups, every rank trains on its
-    shard, rank 0 publishes and records; then everyone agrees on the new version."""
+    """The gang's loop: rank 0's coordinator (it alone has `client` and `writer`) gathers each
+    step's groups, every rank trains on its shard, rank 0 publishes and records; then everyone
+    agrees on the new version."""
     grpo = job.spec.grpo
     torch.manual_seed(grpo.seed)
     random.seed(grpo.seed)
     trainer, resumed = prepare_trainer(job, gang, device, writer, checkpoint_dir, progress)
     start_step = resumed.step if resumed is not None else 0
     coordinator = None
-    if make_coordinator is not None:
-        coordinator = make_coordinator(trainer, start_step=start_step, resumed=resumed is not None)
+    if client is not None and writer is not None:
+        from rljob.trainer.coordinator import Coordinator
+
+        coordinator = Coordinator(
+            job,
+            trainer,
+            client=client,
+            writer=writer,
+            metrics=metrics,
+            start_step=start_step,
+            resumed=resumed is not None,
+            progress=progress,
+        )
     version = broadcast_object(gang, coordinator.version if coordinator else 0)
     for step in range(start_step, grpo.total_steps):
         batch = coordinator.gather(step) if coordinator else None
         groups = broadcast_object(gang, batch.groups if batch else None)
         stats = trainer.train_step(groups, version)
-        if coordinator is not None:
-            assert batch is not None
+        if coordinator is not None and batch is not None:
             coordinator.finish(step, batch, stats)
         version = broadcast_object(gang, coordinator.version if coordinator else version)
         if gang.is_main and ((step + 1) % grpo.checkpoint_interval == 0 or step + 1 == grpo.total_steps):
@@ -203,9 +195,8 @@ def resume(gang: Gang, trainer: GRPOTrainer, checkpoint_dir: str) -> CheckpointR
     """Load the newest checkpoint into `trainer` on every rank; None when there is none.
 
     Rank 0 picks it and sends only its name. Every rank that sees it (the trainers share the
-    checkpoint volume) reads it itself; if any cannot, rank 0 sends the tensors one by one.
-    Nothing is pickled whole, and the loaded state is dropped once applied: a pickled broadcast
-    held about four copies of it on each rank (an OOM kill for a 3B model with Adam moments).
+    checkpoint volume) reads it itself; if any cannot, rank 0 sends the tensors one by one
+    (`broadcast_state`). Nothing is pickled whole, and the loaded state is dropped once applied.
     """
     ref = None
     if gang.is_main:
@@ -284,7 +275,6 @@ def warm_up(
     Every rank then receives rank 0's weights, and a KL reference becomes the warmed-up policy.
     The other ranks wait on the long-timeout control group: a warm-up outlasts the collective timeout.
     """
-    done = None
     if gang.is_main:
         from rljob.warmup import warmup_for_job
 
@@ -299,8 +289,7 @@ def warm_up(
         )
         if writer is not None:
             writer.write_eval("warmup", result.as_dict())
-        done = result.steps
-    broadcast_object(gang, done)
+    control_barrier(gang)
     broadcast_parameters(gang, trainer.model)
     if trainer.ref_model is not None:
         trainer.ref_model.load_state_dict(trainer.model.state_dict())

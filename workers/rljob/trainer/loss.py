@@ -50,9 +50,10 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimator of KL(policy || reference): exp(d) - d - 1 with d = ref - policy.
 
-    Unbiased, always >= 0 and low variance for samples drawn from the policy.
+    Unbiased, always >= 0 and low variance for samples drawn from the policy. The log-ratio is
+    clamped like the policy ratio's, so a broken sample cannot overflow the exp.
     """
-    delta = ref_logp - logp
+    delta = (ref_logp - logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     return torch.exp(delta) - delta - 1.0
 
 
@@ -107,8 +108,7 @@ def grpo_token_terms(
 
     kl = zeros
     if ref_logp is not None:
-        delta = torch.where(mask, ref_logp.detach() - logp, zeros).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-        kl = torch.exp(delta) - delta - 1.0
+        kl = k3_kl(torch.where(mask, logp, zeros), torch.where(mask, ref_logp.detach(), zeros))
         if kl_coef:
             loss = loss + kl_coef * kl
     ent = zeros

@@ -32,8 +32,7 @@ def disable_dropout(model: torch.nn.Module) -> None:
     the trainer's policy is another one, and the clipped ratio, the importance weight and the KL
     see noise where there is no lag. Train mode stays on, because transformers checkpoints
     activations only in train mode. Covers `nn.Dropout` modules and the float `attention_dropout` /
-    `dropout` attributes that Llama-style attention reads when training. SmolLM2, Qwen and Llama
-    ship with dropout 0; GPT-2 does not.
+    `dropout` attributes that Llama-style attention reads when training.
     """
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):

@@ -22,8 +22,8 @@ log = logging.getLogger(__name__)
 def epoch_order(epoch: int, total: int, seed: int) -> tuple[int, ...]:
     """Epoch `epoch`'s shuffle of the `total` training questions.
 
-    Cached: shuffling costs O(total) (~90k HotpotQA questions), and every step reads a slice of
-    the same one or two epochs, twice; a few entries cover a step straddling epochs plus look-ahead.
+    Cached: shuffling costs O(total), and every step reads a slice of the same one or two epochs,
+    twice; a few entries cover a step straddling epochs plus look-ahead.
     """
     order = list(range(total))
     random.Random(seed * 1_000_003 + epoch).shuffle(order)
@@ -32,11 +32,7 @@ def epoch_order(epoch: int, total: int, seed: int) -> tuple[int, ...]:
 
 def question_slots(first: int, count: int, total: int, seed: int) -> list[int]:
     """Questions at positions first..first+count-1 of the endless sequence of per-epoch shuffles."""
-    out = []
-    for slot in range(first, first + count):
-        epoch, pos = divmod(slot, total)
-        out.append(epoch_order(epoch, total, seed)[pos])
-    return out
+    return [epoch_order(slot // total, total, seed)[slot % total] for slot in range(first, first + count)]
 
 
 def question_indices(step: int, per_step: int, total: int, seed: int) -> list[int]:
@@ -58,24 +54,24 @@ def refill_requests(
     grpo = job.spec.grpo
     first = (step * max(grpo.max_refill_rounds, 1) + round_) * grpo.questions_per_step
     idx = question_slots(first, min(count, grpo.questions_per_step), len(questions), job.spec.data.seed + REFILL_SEED)
+    return _training_prompts(f"s{step}-x{round_}", step, [questions[i] for i in idx], job, min_policy_version, run_tag)
+
+
+def _training_prompts(
+    prefix: str, step: int, chosen: Sequence[Any], job: RLJob, min_policy_version: int, run_tag: str
+) -> list[PromptRequest]:
     return [
-        _training_prompt(
-            f"s{step}-x{round_}-q{slot}-r{run_tag}-{questions[i].id}", step, questions[i], job, min_policy_version
+        PromptRequest(
+            request_id=f"{prefix}-q{slot}-r{run_tag}-{question.id}",
+            step=step,
+            question_id=question.id,
+            question=question.question,
+            answers=list(question.answers),
+            group_size=job.spec.grpo.group_size,
+            min_policy_version=min_policy_version,
         )
-        for slot, i in enumerate(idx)
+        for slot, question in enumerate(chosen)
     ]
-
-
-def _training_prompt(request_id: str, step: int, question: Any, job: RLJob, min_policy_version: int) -> PromptRequest:
-    return PromptRequest(
-        request_id=request_id,
-        step=step,
-        question_id=question.id,
-        question=question.question,
-        answers=list(question.answers),
-        group_size=job.spec.grpo.group_size,
-        min_policy_version=min_policy_version,
-    )
 
 
 def step_requests(
@@ -86,10 +82,7 @@ def step_requests(
     that re-asks for a step must use new ids."""
     grpo = job.spec.grpo
     idx = question_indices(step, grpo.questions_per_step, len(questions), job.spec.data.seed)
-    return [
-        _training_prompt(f"s{step}-q{slot}-r{run_tag}-{questions[i].id}", step, questions[i], job, min_policy_version)
-        for slot, i in enumerate(idx)
-    ]
+    return _training_prompts(f"s{step}", step, [questions[i] for i in idx], job, min_policy_version, run_tag)
 
 
 def eval_requests(step: int, questions: Sequence[Any], version: int) -> list[PromptRequest]:
@@ -133,8 +126,7 @@ def load_questions(job: RLJob) -> tuple[list[Any], list[Any]]:
 
 
 def answerable_questions(job: RLJob, questions: Sequence[Any], train: Sequence[Any], evaluation: Sequence[Any]) -> list:
-    """The questions whose gold answer is in what the job's retriever returns for the question itself
-    (about a second for 2,000 questions on CPU)."""
+    """The questions whose gold answer is in what the job's retriever returns for the question itself."""
     from rljob.retrieval.retriever import retriever_for
     from rljob.warmup.demonstrations import answer_found
 

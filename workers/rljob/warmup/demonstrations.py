@@ -12,6 +12,7 @@ to recite answers it could not have found.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,10 +50,7 @@ def load_records(path: str | Path, limit: int | None = None) -> Iterator[Mapping
         if text.lstrip().startswith("[")
         else (json.loads(line) for line in text.splitlines() if line.strip())
     )
-    for n, record in enumerate(records):
-        if limit is not None and n >= limit:
-            return
-        yield record
+    yield from itertools.islice(records, limit)
 
 
 def supporting_titles(record: Mapping[str, Any]) -> list[str]:
