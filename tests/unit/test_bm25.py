@@ -26,7 +26,7 @@ def test_scores_equal_reference_on_a_toy_corpus_with_negative_idf() -> None:
         np.testing.assert_allclose(row, ref.get_scores(q), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(ours.scores_batch([["a"]])[0], ref.get_scores(["a"]))  # dense terms only
     assert ours.idf[ours.vocab["a"]] == pytest.approx(0.3 * ref.average_idf)  # the epsilon floor
-    hits = ours.search(["d"], 2)
+    (hits,) = ours.search_batch([["d"]], 2)
     assert hits[0].doc == 2 and hits[0].score > 0
 
 
@@ -58,4 +58,4 @@ def test_ties_at_the_cut_go_to_the_lowest_document_ids() -> None:
             scores = index.scores_batch([query])[0]
             for k in (1, 3, 5):
                 want = sorted(range(len(docs)), key=lambda i: (-scores[i], i))[:k]
-                assert [h.doc for h in index.search(query, k)] == want
+                assert [h.doc for h in index.search_batch([query], k)[0]] == want

@@ -157,7 +157,7 @@ def test_eval_with_good_input_reaches_the_evaluation(
     (step / "meta.json").write_text("{}")
     (tmp_path / "q.jsonl").write_text(json.dumps(QUESTION) + "\n")
     seen: list[Any] = []
-    monkeypatch.setattr(rljob.evaluate, "evaluate_cli", lambda args: seen.append(args) or 0)
+    monkeypatch.setattr(rljob.evaluate, "evaluate_cli", lambda args, job: seen.append(args) or 0)
     argv = [
         "eval",
         str(path),

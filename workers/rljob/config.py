@@ -224,18 +224,7 @@ class ResourceSpec(ApiModel):
     gpus: int = Field(0, ge=0, le=64, description="GPUs per pod (nvidia.com/gpu).")
 
 
-_HF_ONE_GPU = (
-    "engine hf serves from one GPU per pod: use engine vllm (tensor parallel over the pod's GPUs) or more replicas"
-)
 _TRAINER_ONE_GPU = "a trainer pod runs one rank on one GPU: use trainer.replicas for more GPUs"
-_VALIDATION_SPLIT = (
-    "eval.split validation scores the validation slice: set data.validationQuestions (200 or more gives "
-    "settings a fair test), or eval.split eval"
-)
-_VLLM_NO_GGUF = (
-    "rollout.engine vllm cannot serve model.ggufFile: vLLM's quantized GGUF layers take no weight updates; "
-    "use the unquantized checkpoint, or engine hf (which dequantises on load)"
-)
 
 
 class RolloutSpec(ApiModel):
@@ -270,7 +259,8 @@ class RolloutSpec(ApiModel):
         ),
         Rule(
             "self.engine == 'vllm' || self.resources.gpus <= 1",
-            _HF_ONE_GPU,
+            "engine hf serves from one GPU per pod: use engine vllm (tensor parallel over the pod's GPUs) "
+            "or more replicas",
             lambda r: r.engine == "vllm" or r.resources.gpus <= 1,
             ".resources.gpus",
         ),
@@ -475,14 +465,16 @@ class RLJobSpec(ApiModel):
         Rule(
             "!has(self.eval) || !has(self.eval.split) || self.eval.split != 'validation'"
             " || (has(self.data) && has(self.data.validationQuestions) && self.data.validationQuestions > 0)",
-            _VALIDATION_SPLIT,
+            "eval.split validation scores the validation slice: set data.validationQuestions (200 or more gives "
+            "settings a fair test), or eval.split eval",
             lambda spec: spec.eval.split != "validation" or spec.data.validation_questions > 0,
             ".eval.split",
         ),
         Rule(
             "!has(self.rollout) || !has(self.model) || !has(self.rollout.engine)"
             " || self.rollout.engine != 'vllm' || !has(self.model.ggufFile)",
-            _VLLM_NO_GGUF,
+            "rollout.engine vllm cannot serve model.ggufFile: vLLM's quantized GGUF layers take no weight "
+            "updates; use the unquantized checkpoint, or engine hf (which dequantises on load)",
             lambda spec: spec.rollout.engine != "vllm" or not spec.model.gguf_file,
             ".rollout.engine",
         ),

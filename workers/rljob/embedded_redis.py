@@ -87,23 +87,9 @@ class EmbeddedRedis:
         raise AssertionError("unreachable")
 
     def _start_once(self, timeout: float) -> EmbeddedRedis:
-        args = [
-            find_redis_server(),
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--dir",
-            str(self.workdir),
-            "--save",
-            "",
-            "--appendonly",
-            "yes" if self.appendonly else "no",
-            "--appendfsync",
-            "always" if self.appendonly else "no",
-            "--protected-mode",
-            "yes",
-        ]
+        args = [find_redis_server(), "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.workdir)]
+        args += ["--save", "", "--appendonly", "yes" if self.appendonly else "no"]
+        args += ["--appendfsync", "always" if self.appendonly else "no", "--protected-mode", "yes"]
         if self.password:
             args += ["--requirepass", self.password]
         if self.die_with_parent:

@@ -14,7 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rljob.config import RLJob
 from rljob.protocol import PromptRequest, TrajectoryGroup
+
+EVAL_BATCH = 8  # questions per generate_groups call (one progress line each)
 
 
 def summarise_eval(groups: Sequence[TrajectoryGroup]) -> dict[str, Any]:
@@ -47,25 +50,22 @@ def eval_requests(
     ]
 
 
-def evaluate_engine(
-    engine: Any, retriever: Any, questions: Sequence[Any], agent_spec: Any, batch_size: int = 8, progress: bool = True
-) -> dict[str, float | int]:
+def evaluate_engine(engine: Any, retriever: Any, questions: Sequence[Any], agent_spec: Any) -> dict[str, float | int]:
     """Greedy-evaluate `engine` on `questions`, printing a progress line per batch."""
     from rljob.agent.rollout import generate_groups
 
     requests = eval_requests(questions)
     groups: list[TrajectoryGroup] = []
     started = time.perf_counter()
-    for start in range(0, len(requests), batch_size):
-        groups += generate_groups(engine, retriever, requests[start : start + batch_size], agent_spec)
-        if progress:
-            running = summarise_eval(groups)
-            print(
-                f"[eval] {len(groups)}/{len(requests)} questions  EM {running['exact_match']:.3f}  "
-                f"F1 {running['f1']:.3f}  {time.perf_counter() - started:.0f}s",
-                file=sys.stderr,
-                flush=True,
-            )
+    for start in range(0, len(requests), EVAL_BATCH):
+        groups += generate_groups(engine, retriever, requests[start : start + EVAL_BATCH], agent_spec)
+        running = summarise_eval(groups)
+        print(
+            f"[eval] {len(groups)}/{len(requests)} questions  EM {running['exact_match']:.3f}  "
+            f"F1 {running['f1']:.3f}  {time.perf_counter() - started:.0f}s",
+            file=sys.stderr,
+            flush=True,
+        )
     return summarise_eval(groups)
 
 
@@ -115,16 +115,14 @@ def validation_questions(job: Any, train: list[Any], evaluation: list[Any]) -> l
     return [train[i] for i in pools.validation]
 
 
-def evaluate_cli(args: argparse.Namespace) -> int:
+def evaluate_cli(args: argparse.Namespace, job: RLJob) -> int:
+    """`rljob eval` on a job `rljob.cli` has loaded and checked."""
     import torch
 
-    from rljob.config import load_rljob
     from rljob.data.hotpotqa import load_questions
     from rljob.engines import load_engine
     from rljob.retrieval import build_retriever_for_spec
-    from rljob.runtime_env import resolve_bundled
 
-    job = resolve_bundled(load_rljob(args.file))
     from_file = load_questions(args.questions, limit=args.limit) if args.questions else []
     retriever, train, eval_questions = build_retriever_for_spec(job.spec.data, extra_eval=from_file)
     if args.split == "validation":

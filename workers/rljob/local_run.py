@@ -30,6 +30,7 @@ import yaml
 from rljob.config import RLJob
 from rljob.embedded_redis import EmbeddedRedis
 from rljob.parent_death import guarded
+from rljob.plots import load_metrics
 from rljob.ports import free_port
 from rljob.runtime_env import WorkerEnv
 
@@ -150,7 +151,7 @@ class LocalRun:
             try:
                 self.stop_children()
             except KeyboardInterrupt:
-                print("[rljob] interrupted again: killing workers and trainers now", file=sys.stderr, flush=True)
+                _warn("interrupted again: killing workers and trainers now")
                 with _signals_ignored():
                     self.stop_children(grace=0.0)
         finally:
@@ -166,11 +167,7 @@ class LocalRun:
                     raise LocalRunFailed(
                         f"redis-server died {self.redis_restarts} times (log: {redis.workdir / 'redis.log'})"
                     )
-                print(
-                    f"[rljob] redis-server died; restarting it on its append-only file (restart {self.redis_restarts})",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                _warn(f"redis-server died; restarting it on its append-only file (restart {self.redis_restarts})")
                 redis.restart()
             codes = {t.name: t.process.poll() for t in trainers}
             if all(code == 0 for code in codes.values()):
@@ -181,11 +178,9 @@ class LocalRun:
                 if gang_restarts >= self.job.spec.restart_limit:
                     raise LocalRunFailed(self._failure(failed, code, f"restartLimit {self.job.spec.restart_limit}"))
                 gang_restarts += 1
-                print(
-                    f"[rljob] {failed.name} exited with code {code}; restarting the trainers from their "
-                    f"last checkpoint (gang restart {gang_restarts} of {self.job.spec.restart_limit})",
-                    file=sys.stderr,
-                    flush=True,
+                _warn(
+                    f"{failed.name} exited with code {code}; restarting the trainers from their "
+                    f"last checkpoint (gang restart {gang_restarts} of {self.job.spec.restart_limit})"
                 )
                 self.stop_children(grace=20.0, only=trainers)
                 port = str(free_port())  # the last gang's store may still hold its port
@@ -198,12 +193,7 @@ class LocalRun:
                     continue
                 if child.restarts >= PROCESS_RESTARTS:
                     raise LocalRunFailed(self._failure(child, code, f"{PROCESS_RESTARTS} restarts"))
-                print(
-                    f"[rljob] {child.name} exited with code {code}; starting it again (its prompts are "
-                    f"reclaimed, none lost)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                _warn(f"{child.name} exited with code {code}; starting it again (its prompts are reclaimed, none lost)")
                 self._restart(child)
             time.sleep(0.5)
 
@@ -226,6 +216,10 @@ class LocalRun:
                 child.process.wait(timeout=10)
 
 
+def _warn(message: str) -> None:
+    print(f"[rljob] {message}", file=sys.stderr, flush=True)
+
+
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -242,17 +236,10 @@ def _signals_ignored() -> Iterator[None]:
 
 
 def summarise(results_dir: Path) -> dict[str, object]:
-    """Read the trainer's metrics.jsonl and eval files into a short summary."""
-    summary: dict[str, object] = {"results_dir": str(results_dir)}
-    metrics_path = results_dir / "metrics.jsonl"
-    if metrics_path.exists():
-        rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-        summary["steps"] = len(rows)
-        if rows:
-            summary["last"] = rows[-1]
-        trained = [r for r in rows if r.get("step_seconds")]
-        summary["steps_trained"] = len(trained)
-        summary["rewards"] = [r.get("mean_reward", 0.0) for r in trained]
+    """The trainer's metrics.jsonl and eval files, read into what `rljob.cli.closing_lines` shows."""
+    trained = [r for r in load_metrics(results_dir) if r.get("step_seconds")]
+    rewards = [r.get("mean_reward", 0.0) for r in trained]
+    summary: dict[str, object] = {"results_dir": str(results_dir), "steps_trained": len(trained), "rewards": rewards}
     for name in ("warmup.json", "eval_before.json", "eval_after.json"):
         path = results_dir / name
         if path.exists():

@@ -41,7 +41,9 @@ def plot_run(results_dir: Path) -> list[Path]:
     steps = [r["step"] for r in rows]
     written: list[Path] = []
 
-    def save(fig, name: str) -> None:
+    def save(fig, ax, title: str, name: str) -> None:
+        ax.set_xlabel("step")
+        ax.set_title(title)
         path = Path(results_dir) / name
         fig.tight_layout()
         fig.savefig(path, dpi=110)
@@ -51,19 +53,15 @@ def plot_run(results_dir: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(steps, [r.get("mean_reward", 0.0) for r in rows], label="mean reward")
     ax.plot(steps, [r.get("exact_match", 0.0) for r in rows], label="train EM")
-    ax.set_xlabel("step")
     ax.legend()
-    ax.set_title("reward")
-    save(fig, "reward.png")
+    save(fig, ax, "reward", "reward.png")
 
     if any("informative_group_rate" in r for r in rows):
         fig, ax = plt.subplots(figsize=(6, 3.5))
         ax.plot(steps, [r.get("informative_group_rate", 0.0) for r in rows], "o-", label="informative / generated")
         ax.plot(steps, [r.get("groups_generated", 0) for r in rows], "s--", label="groups generated")
-        ax.set_xlabel("step")
         ax.legend()
-        ax.set_title("groups with signal (rewards not all equal)")
-        save(fig, "informative_groups.png")
+        save(fig, ax, "groups with signal (rewards not all equal)", "informative_groups.png")
 
     evals = eval_points(results_dir, rows)
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -71,25 +69,19 @@ def plot_run(results_dir: Path) -> list[Path]:
         ax.plot([step for step, _, _ in evals], [em for _, em, _ in evals], "o-", label="eval EM")
         ax.plot([step for step, _, _ in evals], [f1 for _, _, f1 in evals], "s-", label="eval F1")
         ax.legend()
-    ax.set_xlabel("step")
-    ax.set_title("held-out evaluation")
-    save(fig, "eval.png")
+    save(fig, ax, "held-out evaluation", "eval.png")
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     wait = [r.get("wait_seconds", 0.0) for r in rows]
     train = [r.get("train_seconds", 0.0) for r in rows]
     ax.bar(steps, wait, label="waiting for rollouts")
     ax.bar(steps, train, bottom=wait, label="training + publish")
-    ax.set_xlabel("step")
     ax.set_ylabel("seconds")
     ax.legend()
-    ax.set_title("step time")
-    save(fig, "step_time.png")
+    save(fig, ax, "step time", "step_time.png")
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.semilogy(steps, [max(1, r.get("weight_bytes", 0)) for r in rows], "o-")
-    ax.set_xlabel("step")
     ax.set_ylabel("bytes published")
-    ax.set_title("weight bytes per step")
-    save(fig, "weight_bytes.png")
+    save(fig, ax, "weight bytes per step", "weight_bytes.png")
     return written

@@ -1,10 +1,10 @@
 """The workers' Redis client: one that rides out a restart of the job's Redis.
 
 The job's Redis is a single pod; it restarts when its node drains, when it is OOM-killed, or when
-its spec changes. With redis-py's default retry (three tries within milliseconds) every trainer
-and rollout worker failed on the first command after such a restart, and a trainer failure costs
-the gang a restart and a step of its `restartLimit`. A command is now retried on connection errors
-with exponential backoff for about a minute; what Redis held survives with AOF (the default).
+its spec changes. redis-py's default retry (three tries within milliseconds) would fail the next
+command of every worker, and a trainer failure costs the gang a restart of its `restartLimit`; so
+a command is retried on connection errors with exponential backoff for about a minute (what Redis
+held survives with AOF, the default).
 
 A command whose reply was lost may run twice. The writes here tolerate that: a transaction under
 WATCH is not re-run (redis-py raises WatchError, and the stream code looks again); the others are

@@ -15,7 +15,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from pydantic import BaseModel, Field
 
 from rljob.assets import hotpotqa_file, smollm2_model_dir
-from rljob.config import RLJob, load_rljob
+from rljob.config import RLJob
 
 BUNDLED_MODEL = "bundled:smollm2-135m-instruct"
 
@@ -61,9 +61,6 @@ class WorkerEnv(BaseModel):
         if not self.redis_password:
             return self.redis_url
         return with_password(self.redis_url, self.redis_password)
-
-    def load_job(self) -> RLJob:
-        return resolve_bundled(load_rljob(self.config_path))
 
 
 def with_password(url: str, password: str) -> str:

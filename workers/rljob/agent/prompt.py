@@ -24,13 +24,9 @@ INVALID_ACTION = (
 STOP_STRINGS = ("</search>", "</answer>")
 
 
-def user_message(question: str) -> str:
-    return f"{INSTRUCTIONS}\nQuestion: {question.strip()}\n"
-
-
 def prompt_ids(tokenizer: Any, question: str) -> list[int]:
     """The first tokens of a trajectory: the chat template's user turn when the tokenizer has one."""
-    message = user_message(question)
+    message = f"{INSTRUCTIONS}\nQuestion: {question.strip()}\n"
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=True

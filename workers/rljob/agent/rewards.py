@@ -39,13 +39,15 @@ def _light_normalize(text: str) -> str:
     return " ".join(unicodedata.normalize("NFKC", text).lower().split())
 
 
-def _best_score(prediction: str, golds: Sequence[str], score: Callable[[str, str], float]) -> float:
-    """The best `score(normalised prediction, normalised gold)` over the golds.
+def _best_score(prediction: str | None, golds: Sequence[str], score: Callable[[str, str], float]) -> float:
+    """The best `score(normalised prediction, normalised gold)` over the golds; None scores 0.
 
     A gold such as "!!!" normalises to "", as do "the" and "?": comparing normalised text would give
     any such answer full marks, so an empty-after-normalisation gold matches only an answer that is
     equal to it after light normalisation.
     """
+    if prediction is None:
+        return 0.0
     pred = normalize_answer(prediction)
     best = 0.0
     for gold in golds:
@@ -57,8 +59,6 @@ def _best_score(prediction: str, golds: Sequence[str], score: Callable[[str, str
 
 def exact_match(prediction: str | None, golds: Sequence[str]) -> float:
     """1.0 when the normalised prediction equals any normalised gold answer; None scores 0."""
-    if prediction is None:
-        return 0.0
     return _best_score(prediction, golds, lambda pred, gold: float(pred == gold))
 
 
@@ -77,8 +77,6 @@ def _f1(pred: str, gold: str) -> float:
 
 def f1_score(prediction: str | None, golds: Sequence[str]) -> float:
     """Best token-overlap F1 over the gold answers; None scores 0."""
-    if prediction is None:
-        return 0.0
     return _best_score(prediction, golds, _f1)
 
 

@@ -1,19 +1,5 @@
 """HotpotQA questions and the passage corpus built from their context paragraphs."""
 
-from rljob.data.hotpotqa import (
-    Passage,
-    Question,
-    build_corpus,
-    load_questions,
-    load_questions_for_spec,
-    load_questions_from_hub,
-)
+from rljob.data.hotpotqa import Passage, Question, build_corpus, load_questions, load_questions_for_spec
 
-__all__ = [
-    "Passage",
-    "Question",
-    "build_corpus",
-    "load_questions",
-    "load_questions_for_spec",
-    "load_questions_from_hub",
-]
+__all__ = ["Passage", "Question", "build_corpus", "load_questions", "load_questions_for_spec"]

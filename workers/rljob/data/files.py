@@ -9,14 +9,11 @@ from typing import IO
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-def is_gzip(path: str | Path) -> bool:
-    """By content, not by name: a `.jsonl` that holds gzip bytes reads as well as a `.jsonl.gz`."""
-    with open(path, "rb") as fh:
-        return fh.read(2) == GZIP_MAGIC
-
-
 def open_text(path: str | Path) -> IO[str]:
-    """A UTF-8 text stream over `path`, decompressing on the fly when it is gzip."""
-    if is_gzip(path):
+    """A UTF-8 text stream over `path`, decompressing on the fly when it is gzip: told by content,
+    not by name, so a `.jsonl` that holds gzip bytes reads as well as a `.jsonl.gz`."""
+    with open(path, "rb") as fh:
+        compressed = fh.read(2) == GZIP_MAGIC
+    if compressed:
         return gzip.open(path, "rt", encoding="utf-8")
     return open(path, encoding="utf-8")

@@ -33,8 +33,6 @@ class Question:
     question: str
     answers: list[str]
     context: list[Passage] = field(default_factory=list)
-    type: str = ""
-    level: str = ""
 
 
 def _context_passages(raw: Any) -> list[Passage]:
@@ -58,8 +56,6 @@ def parse_question(record: Mapping[str, Any]) -> Question:
         question=str(record["question"]).strip(),
         answers=answers,
         context=_context_passages(record.get("context")),
-        type=str(record.get("type", "")),
-        level=str(record.get("level", "")),
     )
 
 
@@ -101,20 +97,12 @@ def hub_location(location: str, default_split: str) -> tuple[str, str]:
     return name or HUB_DATASET, split or default_split
 
 
-def load_questions_from_hub(
-    name: str = HUB_DATASET, split: str = "validation", config: str = "distractor", limit: int | None = None
-) -> list[Question]:
-    """Questions from the hub with `datasets` (only where a cluster can reach the hub)."""
-    return [parse_question(record) for record in load_hub_records(name, split, config, limit)]
-
-
-def load_hub_records(
-    name: str = HUB_DATASET, split: str = "validation", config: str = "distractor", limit: int | None = None
-) -> list[Mapping[str, Any]]:
-    """The raw hub records (the warm-up builds demonstrations from them)."""
+def load_hub_records(name: str, split: str, limit: int | None = None) -> list[Mapping[str, Any]]:
+    """The raw records of a HotpotQA `distractor` split on the hub, with `datasets` (only where a cluster
+    can reach the hub); the warm-up builds demonstrations from them."""
     import datasets  # the `hub` extra (both worker images install it); not needed for local files
 
-    dataset = datasets.load_dataset(name, config, split=split)
+    dataset = datasets.load_dataset(name, "distractor", split=split)
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
     return list(dataset)
@@ -122,7 +110,7 @@ def load_hub_records(
 
 def _load(source: str, location: str, limit: int | None, default_split: str) -> list[Question]:
     if source == "hub":
-        return load_questions_from_hub(*hub_location(location, default_split), limit=limit)
+        return [parse_question(record) for record in load_hub_records(*hub_location(location, default_split), limit)]
     return load_questions(location, limit=limit)
 
 

@@ -19,7 +19,7 @@ def load_engine(
     if engine == "vllm":
         from rljob.engines.vllm_engine import VLLMEngine
 
-        return VLLMEngine(spec, device=device, seed=seed, **kwargs)
+        return VLLMEngine(spec, seed=seed, **kwargs)  # vLLM places the model on the pod's GPUs itself
     raise ValueError(f"unknown engine {engine!r}; expected 'hf' or 'vllm'")
 
 

@@ -92,10 +92,9 @@ def whole_buffers(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The in-place cache's buffers whole, with the mask widened to cover their spare positions.
 
-    Keys and values from `kv_cache.GrowingLayer` are views `buffer[:, :, :length]`; in bf16 a
-    matmul on such a strided view ran 3-9x slower than on a contiguous tensor (measured:
-    docs/results/step_speed.md). The buffers are contiguous, their spare positions hold zeros, and
-    the mask gives those positions no weight. Anything else passes through unchanged.
+    Keys and values from `kv_cache.GrowingLayer` are views `buffer[:, :, :length]`, which a bf16
+    matmul reads several times slower than the contiguous buffers (docs/results/step_speed.md);
+    their spare positions hold zeros, and the mask gives them no weight. Anything else passes through.
     """
     kb, vb = _whole(key), _whole(value)
     if kb is None or vb is None or kb.shape != vb.shape:

@@ -57,6 +57,3 @@ class GenerationEngine(abc.ABC):
     @abc.abstractmethod
     def sync_weights(self, reader: WeightSyncer) -> SyncResult:
         """Bring the served weights to the store's latest version; sets `policy_version`."""
-
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Free accelerator memory."""

@@ -19,8 +19,7 @@ decode attention is two matmuls instead of torch's SDPA kernel (`attention`).
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -63,15 +62,11 @@ def _merge(parts: list[tuple[Any, list[int], torch.Tensor]], batch: int) -> tupl
 
 @dataclass
 class EngineStats:
-    forward_calls: int = 0
-    prefill_tokens: int = 0
     shared_prefill_tokens: int = 0  # prompt tokens not prefilled because a group shares its prompt
     decode_row_steps: int = 0  # rows fed in decode steps (finished rows set aside are not)
     compactions: int = 0
     reused_tokens: int = 0
     generated_tokens: int = 0
-    generate_seconds: float = 0.0
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 def _match_rows(rows: list[list[int]], contexts: list[list[int]]) -> list[int] | None:
@@ -185,12 +180,7 @@ class HFEngine(GenerationEngine):
             logits_to_keep=1,
             **{self._cache_arg: cache},
         )
-        self.stats.forward_calls += 1
-        new_cache = getattr(out, self._cache_arg)
-        return out.logits[:, -1, :], new_cache
-
-    def _new_cache(self) -> Any:
-        return GrowingCache() if self._growing_cache else None
+        return out.logits[:, -1, :], getattr(out, self._cache_arg)
 
     def _prefill_inputs(self, contexts: list[list[int]]) -> _Prefill:
         state, self._state = self._state, None
@@ -210,11 +200,10 @@ class HFEngine(GenerationEngine):
         empty = torch.zeros((len(chunks), 0), dtype=torch.long, device=self.device)
         expand = None if len(chunks) == len(contexts) else torch.tensor(inverse, device=self.device)
         self.stats.shared_prefill_tokens += sum(len(c) for c in contexts) - sum(len(c) for c in chunks)
-        return _Prefill(chunks, self._new_cache(), empty, expand)
+        return _Prefill(chunks, GrowingCache() if self._growing_cache else None, empty, expand)
 
     @torch.inference_mode()
     def generate(self, contexts: list[list[int]], params: TurnParams) -> list[Completion]:
-        started = time.perf_counter()
         batch = len(contexts)
         if batch == 0:
             return []
@@ -230,7 +219,6 @@ class HFEngine(GenerationEngine):
                 ids[b, width - len(chunk) :] = torch.tensor(chunk, device=self.device)
                 chunk_mask[b, width - len(chunk) :] = 1
         mask = torch.cat([mask, chunk_mask], dim=1)
-        self.stats.prefill_tokens += sum(len(c) for c in chunks)
         logits, cache = self._forward(ids, mask, cache)
         if prefill.expand is not None:
             cache.batch_select_indices(prefill.expand)
@@ -276,7 +264,6 @@ class HFEngine(GenerationEngine):
         # Every row's last sampled token was never fed: the cache holds context + generated[:-1].
         self._state = _CacheState(cache, mask, [ctx + gen[:-1] for ctx, gen in zip(contexts, generated, strict=True)])
         self.stats.generated_tokens += sum(len(g) for g in generated)
-        self.stats.generate_seconds += time.perf_counter() - started
         return [
             Completion(gen, lps, self.tokenizer.decode(gen, skip_special_tokens=True), fin or "length", stop)
             for gen, lps, fin, stop in zip(generated, logprobs, finish, stops, strict=True)
@@ -300,6 +287,3 @@ class HFEngine(GenerationEngine):
             self._state = None  # keys/values computed by the old weights are stale
         self.policy_version = outcome.version
         return outcome
-
-    def close(self) -> None:
-        self._state = None

@@ -23,10 +23,6 @@ def cache_argument(module: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
-def serving_dtype(spec: ModelSpec, device: str | torch.device) -> torch.dtype:
-    return compute_dtype(spec.dtype, device)
-
-
 def model_source(spec: ModelSpec) -> tuple[str, dict[str, Any]]:
     """(path-or-name, extra from_pretrained kwargs) for the spec; a `.gguf` name is split."""
     kwargs: dict[str, Any] = {}
@@ -55,5 +51,5 @@ def load_model(spec: ModelSpec, device: str | torch.device = "cpu") -> Any:
     from transformers import AutoModelForCausalLM
 
     name, kwargs = model_source(spec)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=serving_dtype(spec, device), **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=compute_dtype(spec.dtype, device), **kwargs)
     return model.to(device).eval()

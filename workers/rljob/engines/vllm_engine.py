@@ -40,15 +40,8 @@ def _load_weights_in_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]
 
 
 class VLLMEngine(GenerationEngine):
-    def __init__(
-        self,
-        spec: ModelSpec,
-        device: str = "cuda",
-        seed: int = 0,
-        gpu_memory_utilization: float = 0.5,
-        max_model_len: int | None = None,
-        **llm_kwargs: Any,
-    ) -> None:
+    def __init__(self, spec: ModelSpec, seed: int = 0, gpu_memory_utilization: float = 0.5, **llm_kwargs: Any) -> None:
+        """`llm_kwargs` go to `vllm.LLM` as they are (`tensor_parallel_size`, `max_model_len`, ...)."""
         _engine_in_this_process()
         import vllm
         from vllm import LLM
@@ -66,8 +59,6 @@ class VLLMEngine(GenerationEngine):
             kwargs["tokenizer"] = name
         if spec.revision:
             kwargs["revision"] = spec.revision
-        if max_model_len:
-            kwargs["max_model_len"] = max_model_len
         self.processed_logprobs = _supports_processed_logprobs(vllm.__version__)
         if self.processed_logprobs:
             kwargs["logprobs_mode"] = "processed_logprobs"

@@ -77,7 +77,6 @@ class BM25Index:
         self.doc_ids = post_docs
         self.indptr = np.zeros(num_terms + 1, dtype=np.int64)
         np.cumsum(df, out=self.indptr[1:])
-        self.doc_lengths = doc_lengths
         dense = np.flatnonzero(df > dense_fraction * self.num_docs)
         self.dense_slot = np.full(num_terms, -1, dtype=np.int64)
         self.dense_slot[dense] = np.arange(len(dense))
@@ -133,9 +132,6 @@ class BM25Index:
                 for row_d, row_s in zip(top, top_scores, strict=True)
             )
         return out
-
-    def search(self, tokens: Sequence[str], k: int) -> list[SearchHit]:
-        return self.search_batch([tokens], k)[0]
 
 
 def _lowest_ids_on_ties(scores: np.ndarray, top: np.ndarray) -> None:

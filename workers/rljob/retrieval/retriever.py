@@ -18,10 +18,10 @@ def passage_tokens(passage: Passage) -> list[str]:
 class Retriever:
     """BM25 over a fixed passage list; `search_batch` answers all of a turn's queries at once."""
 
-    def __init__(self, passages: Sequence[Passage], k1: float = 1.5, b: float = 0.75, epsilon: float = 0.25):
+    def __init__(self, passages: Sequence[Passage]):
         started = time.perf_counter()
         self.passages = list(passages)
-        self.index = BM25Index([passage_tokens(p) for p in self.passages], k1=k1, b=b, epsilon=epsilon)
+        self.index = BM25Index([passage_tokens(p) for p in self.passages])
         self.build_seconds = time.perf_counter() - started
 
     @classmethod

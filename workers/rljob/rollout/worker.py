@@ -60,12 +60,6 @@ class _Shared:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def _default_device(job: RLJob) -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() and job.spec.rollout.resources.gpus > 0 else "cpu"
-
-
 def _sync(engine: Any, reader: Any, summary: WorkerSummary) -> None:
     # reader.version is None until a first sync: version 0 may differ from the weights loaded at
     # start (a supervised warm-up runs before it is published), so it is applied like any other.
@@ -158,11 +152,9 @@ def run_rollout_worker(
     retriever: Any = None,
     device: str | None = None,
     metrics_port: int | None = None,
-    batch_size: int | None = None,
     claim_min_idle_ms: int = 30_000,
     heartbeat_seconds: float = 5.0,
     block_ms: int = 1000,
-    seed: int | None = None,
 ) -> WorkerSummary:
     """Serve prompts until `stop` is set (or SIGTERM when run in the main thread without `stop`)."""
     if stop is None:
@@ -178,22 +170,20 @@ def run_rollout_worker(
 
         retriever = build_retriever_for_spec(job.spec.data)[0]
     if engine is None:
+        import torch
+
         from rljob.engines import load_engine
 
-        engine_seed = seed if seed is not None else zlib.crc32(worker_id.encode())
-        engine = load_engine(
-            job.spec.model,
-            job.spec.rollout.engine,
-            device or _default_device(job),
-            seed=engine_seed,
-            **engine_options(job),
-        )
+        if not device:
+            device = "cuda" if torch.cuda.is_available() and job.spec.rollout.resources.gpus > 0 else "cpu"
+        seed = zlib.crc32(worker_id.encode())  # each worker draws its own samples
+        engine = load_engine(job.spec.model, job.spec.rollout.engine, device, seed=seed, **engine_options(job))
     from rljob.weights import WeightReader
 
     reader = WeightReader(client, keys)
     metrics = WorkerMetrics(metrics_port)
     summary, shared = WorkerSummary(worker_id), _Shared()
-    batch_size = batch_size or job.spec.rollout.batch_size
+    batch_size = job.spec.rollout.batch_size
     beat_stop = threading.Event()
     beat = threading.Thread(
         target=_heartbeat,
