@@ -15,9 +15,8 @@ import pytest
 
 from rljob.assets import SAMPLE_DIR, hotpotqa_file
 from rljob.config import RLJob
-from rljob.data.hotpotqa import load_questions
+from rljob.data.hotpotqa import load_questions, load_records
 from rljob.runtime_env import resolve_bundled
-from rljob.warmup import load_records
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,12 +11,12 @@ import torch
 from rljob.agent.prompt import information_block, prompt_ids
 from rljob.assets import hotpotqa_file
 from rljob.config import AgentSpec, RLJob, RLJobSpec, WarmupSpec
-from rljob.data.hotpotqa import build_corpus, parse_question
+from rljob.data.hotpotqa import build_corpus, load_records, parse_question
 from rljob.data.pools import job_pools
 from rljob.retrieval import Retriever
 from rljob.trainer.batch import Sample, collate
 from rljob.trainer.loss import token_logprobs
-from rljob.warmup import build_demonstrations, load_records, run_sft, warmup_for_job
+from rljob.warmup import build_demonstrations, run_sft, warmup_for_job
 from rljob.warmup.demonstrations import demonstration_for, supporting_titles
 from rljob.warmup.sft import as_sample, masked_nll
 from support.tiny_models import save_tiny_model, tiny_random_model, train_tiny_tokenizer

@@ -9,6 +9,7 @@ it is normalised to the same shape.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -59,7 +60,9 @@ def parse_question(record: Mapping[str, Any]) -> Question:
     )
 
 
-def _records(path: Path) -> Iterator[Mapping[str, Any]]:
+def load_records(path: str | Path, limit: int | None = None) -> Iterator[Mapping[str, Any]]:
+    """Raw records of a HotpotQA JSON (array) or JSON Lines file, plain or gzip, in file order (the
+    warm-up reads fields a Question drops, such as `supporting_facts`)."""
     with open_text(path) as fh:
         first = ""
         while not first:
@@ -68,22 +71,14 @@ def _records(path: Path) -> Iterator[Mapping[str, Any]]:
                 return
             first = ch.strip()
         fh.seek(0)
-        if first == "[":  # the original release: one JSON array
-            yield from json.load(fh)
-            return
-        for line in fh:
-            if line.strip():
-                yield json.loads(line)
+        # The original release is one JSON array; the project's sample is JSON Lines.
+        records = json.load(fh) if first == "[" else (json.loads(line) for line in fh if line.strip())
+        yield from itertools.islice(records, limit)
 
 
 def load_questions(path: str | Path, limit: int | None = None) -> list[Question]:
     """Questions from a HotpotQA JSON (array) or JSON Lines file, plain or gzip, in file order."""
-    out: list[Question] = []
-    for record in _records(Path(path)):
-        if limit is not None and len(out) >= limit:
-            break
-        out.append(parse_question(record))
-    return out
+    return [parse_question(record) for record in load_records(path, limit)]
 
 
 HUB_DATASET = "hotpotqa/hotpot_qa"
@@ -98,8 +93,7 @@ def hub_location(location: str, default_split: str) -> tuple[str, str]:
 
 
 def load_hub_records(name: str, split: str, limit: int | None = None) -> list[Mapping[str, Any]]:
-    """The raw records of a HotpotQA `distractor` split on the hub, with `datasets` (only where a cluster
-    can reach the hub); the warm-up builds demonstrations from them."""
+    """The raw records of a HotpotQA `distractor` split on the hub (`datasets`: only where a cluster can reach it)."""
     import datasets  # the `hub` extra (both worker images install it); not needed for local files
 
     dataset = datasets.load_dataset(name, "distractor", split=split)
@@ -108,17 +102,18 @@ def load_hub_records(name: str, split: str, limit: int | None = None) -> list[Ma
     return list(dataset)
 
 
-def _load(source: str, location: str, limit: int | None, default_split: str) -> list[Question]:
+def job_records(source: str, location: str, limit: int | None, default_split: str) -> Iterable[Mapping[str, Any]]:
+    """The raw records at one of a job's data locations: a hub split (`hub_location`) or a file."""
     if source == "hub":
-        return [parse_question(record) for record in load_hub_records(*hub_location(location, default_split), limit)]
-    return load_questions(location, limit=limit)
+        return load_hub_records(*hub_location(location, default_split), limit)
+    return load_records(location, limit)
 
 
 def load_questions_for_spec(spec: DataSpec) -> tuple[list[Question], list[Question]]:
     """The (train, eval) questions a job uses; train is limited to `max_train_questions`."""
-    train = _load(spec.source, spec.train_path, spec.max_train_questions, "train")
-    evaluation = _load(spec.source, spec.eval_path, None, "validation")
-    return train, evaluation
+    train = job_records(spec.source, spec.train_path, spec.max_train_questions, "train")
+    evaluation = job_records(spec.source, spec.eval_path, None, "validation")
+    return [parse_question(r) for r in train], [parse_question(r) for r in evaluation]
 
 
 def build_corpus(questions: Iterable[Question]) -> list[Passage]:

@@ -12,17 +12,13 @@ to recite answers it could not have found.
 
 from __future__ import annotations
 
-import itertools
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rljob.agent.prompt import information_block, prompt_ids, trim_words
 from rljob.agent.rewards import normalize_answer
 from rljob.config import AgentSpec
-from rljob.data.files import open_text
 from rljob.data.hotpotqa import Passage, parse_question
 
 
@@ -39,18 +35,6 @@ class Demonstration:
     def add(self, ids: list[int], written: bool) -> None:
         self.token_ids += ids
         self.loss_mask += [int(written)] * len(ids)
-
-
-def load_records(path: str | Path, limit: int | None = None) -> Iterator[Mapping[str, Any]]:
-    """Raw HotpotQA records (JSON array or JSON Lines, plain or gzip): demonstrations need `supporting_facts`."""
-    with open_text(path) as fh:
-        text = fh.read()
-    records = (
-        json.loads(text)
-        if text.lstrip().startswith("[")
-        else (json.loads(line) for line in text.splitlines() if line.strip())
-    )
-    yield from itertools.islice(records, limit)
 
 
 def supporting_titles(record: Mapping[str, Any]) -> list[str]:

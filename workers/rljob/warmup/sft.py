@@ -18,11 +18,11 @@ from typing import Any
 import torch
 
 from rljob.config import RLJob, WarmupSpec
-from rljob.data.hotpotqa import hub_location, load_hub_records, parse_question
+from rljob.data.hotpotqa import job_records, parse_question
 from rljob.data.pools import job_pools
 from rljob.trainer.batch import MicroBatch, Sample, collate, micro_batches
 from rljob.trainer.logits import masked_token_logprobs
-from rljob.warmup.demonstrations import Demonstration, build_demonstrations, load_records
+from rljob.warmup.demonstrations import Demonstration, build_demonstrations
 
 log = logging.getLogger(__name__)
 
@@ -118,11 +118,7 @@ def job_demonstrations(
     """The job's demonstrations: questions of its warm-up pool only (`rljob.data.pools`), which RL
     never samples and the evaluation never holds, in a seeded order."""
     data, warm = job.spec.data, job.spec.warmup
-    if data.source == "hub":
-        name, split = hub_location(data.train_path, "train")
-        records: list[Any] = load_hub_records(name, split, limit=data.max_train_questions)
-    else:
-        records = list(load_records(data.train_path, data.max_train_questions))
+    records = list(job_records(data.source, data.train_path, data.max_train_questions, "train"))
     if records:  # none: nothing to split, and the warm-up reports that it found no demonstration
         pools = job_pools(job.spec, [parse_question(r).id for r in records], eval_ids)
         records = [records[i] for i in pools.warmup]
