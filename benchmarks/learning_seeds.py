@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import yaml
@@ -79,11 +80,11 @@ def main() -> None:
         paired = compare_paired(before, after)
         progress(f"seed {seed} ({folder.relative_to(args.work)}): {paired.line()}")
         pairs.append((before, after))
-        per_seed[seed] = {"folder": str(folder.relative_to(RESULTS)), **paired.as_dict()}
+        per_seed[seed] = {"folder": str(folder.relative_to(RESULTS)), **asdict(paired)}
         rewards[seed] = run_summary(folder)["train_reward"]
     pooled = compare_replicated(pairs)
     progress(f"pooled: {pooled.line()}")
-    summary = {"max_policy_lag": args.lag, "seeds": per_seed, "train_reward": rewards, "pooled": pooled.as_dict()}
+    summary = {"max_policy_lag": args.lag, "seeds": per_seed, "train_reward": rewards, "pooled": asdict(pooled)}
     plot(
         {s: {k: v for k, v in p.items() if k.endswith(("before", "after"))} for s, p in per_seed.items()},
         rewards,

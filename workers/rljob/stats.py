@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 
 def mcnemar_exact(gained: int, lost: int) -> float:
@@ -50,9 +50,6 @@ class PairedComparison:
     f1_after: float
     f1_gain: float
     f1_gain_interval: tuple[float, float]  # 95% bootstrap
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
     def line(self) -> str:
         low, high = self.f1_gain_interval
@@ -127,9 +124,6 @@ class ReplicatedComparison:
     f1_gain: float
     f1_gain_interval: tuple[float, float]
     f1_p_value: float
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
     def line(self) -> str:
         em_lo, em_hi = self.em_gain_interval

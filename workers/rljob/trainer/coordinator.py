@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import redis
@@ -149,7 +149,7 @@ class Coordinator:
                 "updated_at": time.time(),
             },
         )
-        extra: dict[str, Any] = {f"train_{k}": v for k, v in stats.as_dict().items()}
+        extra: dict[str, Any] = {f"train_{k}": v for k, v in asdict(stats).items()}
         extra.update(
             weight_kind=published.kind,
             weight_changed=published.changed,

@@ -6,7 +6,7 @@ import copy
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -38,9 +38,6 @@ class StepStats:
     entropy: float = 0.0
     updated: bool = False  # False when no sample carried any signal
     train_seconds: float = 0.0
-
-    def as_dict(self) -> dict[str, float | int | bool]:
-        return asdict(self)
 
 
 # StepStats field -> the TokenTerms field whose per-token mean it reports.

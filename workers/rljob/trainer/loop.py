@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -288,7 +289,7 @@ def warm_up(
             result.seconds,
         )
         if writer is not None:
-            writer.write_eval("warmup", result.as_dict())
+            writer.write_eval("warmup", asdict(result))
     control_barrier(gang)
     broadcast_parameters(gang, trainer.model)
     if trainer.ref_model is not None:

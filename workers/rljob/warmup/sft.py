@@ -12,7 +12,7 @@ import random
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -41,9 +41,6 @@ class WarmupResult:
     last_loss: float = 0.0
     seconds: float = 0.0
     losses: list[float] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def as_sample(demo: Demonstration) -> Sample:
