@@ -111,7 +111,6 @@ def phase_rollout(args) -> dict:
     retriever = Retriever(corpus)
     requests = _requests(args)
     generate_groups(engine, retriever, requests[:1], spec.model_copy(update={"max_turns": 1}))  # warm-up
-    engine.stats.generated_tokens = 0
     started = time.perf_counter()
     groups = generate_groups(engine, retriever, requests, spec)
     seconds = time.perf_counter() - started

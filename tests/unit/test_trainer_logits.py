@@ -153,7 +153,7 @@ def test_a_shared_prompt_is_not_used_through_checkpointed_layers() -> None:
 
 def _sample(tokens: list[int], first_generated: int) -> Sample:
     mask = [0] * first_generated + [1] * (len(tokens) - first_generated)
-    return Sample(tokens, mask, [0.0] * len(tokens), advantage=1.0, policy_version=0)
+    return Sample(tokens, mask, [0.0] * len(tokens), advantage=1.0)
 
 
 def test_the_shared_prefix_stops_before_a_difference_and_before_the_first_generated_token() -> None:

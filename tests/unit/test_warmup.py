@@ -245,7 +245,7 @@ def test_masked_nll_keeps_a_models_own_logit_transform():
     config = GraniteConfig(**shape, num_attention_heads=4, num_key_value_heads=2, logits_scaling=8.0, pad_token_id=0)
     model = GraniteForCausalLM(config).eval()
     ids, mask = list(range(3, 20)), [0] * 8 + [1] * 9
-    mb = collate([Sample(ids, mask, [0.0] * len(ids), 1.0, 0)], 0)
+    mb = collate([Sample(ids, mask, [0.0] * len(ids), 1.0)], 0)
     nll, count = masked_nll(model, mb)
     with torch.no_grad():
         logp = token_logprobs(model(input_ids=mb.input_ids).logits[:, :-1], mb.targets)

@@ -66,11 +66,10 @@ class JobKeys:
     def weights_manifest(self, version: int) -> str:
         return f"{self.prefix}weights:v{version}:manifest"
 
-    def weights_chunk(self, version: int, index: int, attempt: str = "") -> str:
+    def weights_chunk(self, version: int, index: int, attempt: str) -> str:
         """Chunk `index` of version `version`; `attempt` (a publish's random id) keeps two
         publishers of the same number from overwriting each other's chunks."""
-        where = f"v{version}:{attempt}" if attempt else f"v{version}"
-        return f"{self.prefix}weights:{where}:chunk:{index}"
+        return f"{self.prefix}weights:v{version}:{attempt}:chunk:{index}"
 
     @property
     def weights_rebase(self) -> str:

@@ -35,7 +35,6 @@ class Episode:
     searches: list[str] = field(default_factory=list)
     answer: str | None = None
     turns: int = 0
-    invalid_actions: int = 0
     finish_reason: str = ""
 
     def __post_init__(self) -> None:
@@ -129,10 +128,8 @@ def run_episodes(
             elif out.finish_reason == "eos":
                 # The model ended its message without an action: the episode ends there, unanswered.
                 # Going on would train tokens after its own end-of-sequence, outside the chat format.
-                ep.invalid_actions += 1
                 ep.finish_reason = "eos"
             else:
-                ep.invalid_actions += 1
                 inject(ep, INVALID_ACTION, last_turn)
         if searching:
             results = retriever.search_batch([ep.searches[-1] for ep in searching], spec.top_k)

@@ -66,7 +66,6 @@ class EngineStats:
     decode_row_steps: int = 0  # rows fed in decode steps (finished rows set aside are not)
     compactions: int = 0
     reused_tokens: int = 0
-    generated_tokens: int = 0
 
 
 def _match_rows(rows: list[list[int]], contexts: list[list[int]]) -> list[int] | None:
@@ -152,7 +151,6 @@ class HFEngine(GenerationEngine):
             eos_ids.add(tokenizer.eos_token_id)
         self.eos_ids = eos_ids
         self._cache_arg = cache_argument(model)
-        self.policy_version = 0
         self.stats = EngineStats()
         self._state: _CacheState | None = None
         config = getattr(self.model, "config", None)
@@ -263,7 +261,6 @@ class HFEngine(GenerationEngine):
             cache, mask = _merge([*parked, (cache, live, mask)], batch)
         # Every row's last sampled token was never fed: the cache holds context + generated[:-1].
         self._state = _CacheState(cache, mask, [ctx + gen[:-1] for ctx, gen in zip(contexts, generated, strict=True)])
-        self.stats.generated_tokens += sum(len(g) for g in generated)
         return [
             Completion(gen, lps, self.tokenizer.decode(gen, skip_special_tokens=True), fin or "length", stop)
             for gen, lps, fin, stop in zip(generated, logprobs, finish, stops, strict=True)

@@ -67,7 +67,6 @@ class VLLMEngine(GenerationEngine):
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self.spec = spec
-        self.policy_version = 0
         self._shadow: dict[str, torch.Tensor] | None = None
         self._unpushed: set[str] = set()  # shadow tensors a failed push left out of the served model
 

@@ -26,7 +26,6 @@ class Sample:
     loss_mask: list[int]
     behaviour_logprobs: list[float]
     advantage: float
-    policy_version: int
 
     @property
     def num_loss_tokens(self) -> int:
@@ -83,7 +82,6 @@ def trainable_samples(
                 loss_mask=list(traj.loss_mask),
                 behaviour_logprobs=list(traj.behaviour_logprobs),
                 advantage=adv,
-                policy_version=traj.policy_version,
             )
             if sample.num_loss_tokens == 0:
                 empty += 1

@@ -45,7 +45,7 @@ class WarmupResult:
 
 def as_sample(demo: Demonstration) -> Sample:
     """A demonstration in the trainer's batch shape (advantage and behaviour log-probs unused)."""
-    return Sample(demo.token_ids, demo.loss_mask, [0.0] * len(demo.token_ids), 1.0, 0)
+    return Sample(demo.token_ids, demo.loss_mask, [0.0] * len(demo.token_ids), 1.0)
 
 
 def masked_nll(
