@@ -77,12 +77,6 @@ def failed_reason(st: RLJobStatus) -> str | None:
     return failed.reason if failed else None
 
 
-def idle_at_zero(job: RLJob, decision: TrainerDecision) -> bool:
-    """Zero rollout workers is what a running job with `minReplicas: 0` and no backlog asks for:
-    healthy, not a missing component (unlike zero because suspended or finished)."""
-    return job.spec.rollout.min_replicas == 0 and not rollouts_forced_off(job, decision)
-
-
 def compute_status(
     job: RLJob,
     generation: int,
@@ -162,7 +156,9 @@ def compute_status(
     else:
         trainers = (False, "GangPending", f"{running}/{replicas} trainers running")
     c = set_condition(c, "TrainersReady", *trainers, stamp, gen)
-    if rollout_desired == 0 and idle_at_zero(job, decision):
+    # Zero workers is what a running job with `minReplicas: 0` and no backlog asks for: healthy, not a
+    # missing component (unlike zero because suspended or finished).
+    if rollout_desired == 0 and job.spec.rollout.min_replicas == 0 and not rollouts_forced_off(job, decision):
         rollout = (True, "ScaledToZero", "no backlog: scaled to zero (rollout.minReplicas is 0)")
     elif rollout_desired == 0:
         rollout = (False, "ScaledToZero", "no rollout workers wanted")

@@ -16,18 +16,9 @@ from typing import Any
 
 from rljob.config import RLJob
 from rljob.protocol import PromptRequest, TrajectoryGroup
+from rljob.trainer.metrics import eval_summary
 
 EVAL_BATCH = 8  # questions per generate_groups call (one progress line each)
-
-
-def summarise_eval(groups: Sequence[TrajectoryGroup]) -> dict[str, Any]:
-    """EM, F1, format rate and searches per question over greedy groups (one sample each)."""
-    from rljob.trainer.metrics import per_question_scores, rollout_metrics
-
-    summary: dict[str, Any] = dict(rollout_metrics(groups))
-    summary["questions"] = len(groups)
-    summary["per_question"] = per_question_scores(groups)
-    return summary
 
 
 def eval_requests(
@@ -59,14 +50,14 @@ def evaluate_engine(engine: Any, retriever: Any, questions: Sequence[Any], agent
     started = time.perf_counter()
     for start in range(0, len(requests), EVAL_BATCH):
         groups += generate_groups(engine, retriever, requests[start : start + EVAL_BATCH], agent_spec)
-        running = summarise_eval(groups)
+        running = eval_summary(groups)
         print(
             f"[eval] {len(groups)}/{len(requests)} questions  EM {running['exact_match']:.3f}  "
             f"F1 {running['f1']:.3f}  {time.perf_counter() - started:.0f}s",
             file=sys.stderr,
             flush=True,
         )
-    return summarise_eval(groups)
+    return eval_summary(groups)
 
 
 def load_checkpoint_weights(path: str | Path) -> dict[str, Any]:
@@ -106,27 +97,20 @@ def questions_to_score(questions: list[Any], job: Any, *, from_file: bool, limit
     return chosen[:limit] if limit else chosen
 
 
-def validation_questions(job: Any, train: list[Any], evaluation: list[Any]) -> list[Any]:
-    """The job's validation slice of its training questions (`data.validationQuestions`), which
-    neither the warm-up nor RL uses: where settings are chosen, never on the evaluation set."""
-    from rljob.data.pools import job_pools
-
-    pools = job_pools(job.spec, [q.id for q in train], [q.id for q in evaluation])
-    return [train[i] for i in pools.validation]
-
-
 def evaluate_cli(args: argparse.Namespace, job: RLJob) -> int:
     """`rljob eval` on a job `rljob.cli` has loaded and checked."""
     import torch
 
     from rljob.data.hotpotqa import load_questions
+    from rljob.data.pools import job_pools
     from rljob.engines import load_engine
     from rljob.retrieval import build_retriever_for_spec
 
     from_file = load_questions(args.questions, limit=args.limit) if args.questions else []
     retriever, train, eval_questions = build_retriever_for_spec(job.spec.data, extra_eval=from_file)
-    if args.split == "validation":
-        questions = validation_questions(job, train, eval_questions)[: args.limit or None]
+    if args.split == "validation":  # the slice of the training questions neither warm-up nor RL uses
+        pools = job_pools(job.spec, [q.id for q in train], [q.id for q in eval_questions])
+        questions = [train[i] for i in pools.validation][: args.limit or None]
     else:
         questions = from_file if args.questions else eval_questions
         questions = questions_to_score(questions, job, from_file=bool(args.questions), limit=args.limit)

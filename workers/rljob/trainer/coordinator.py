@@ -22,7 +22,7 @@ from rljob.queue import trainer_end
 from rljob.queue.trainer_end import TrajectoryCollector, clear_earlier_runs
 from rljob.trainer.batch import informative_groups
 from rljob.trainer.grpo import GRPOTrainer, StepStats
-from rljob.trainer.metrics import MetricsWriter, per_question_scores, rollout_metrics
+from rljob.trainer.metrics import MetricsWriter, eval_summary, rollout_metrics
 from rljob.trainer.prompts import eval_requests, load_questions, refill_requests, step_requests
 from rljob.weights import WeightPublisher
 
@@ -185,15 +185,9 @@ class Coordinator:
         except TimeoutError as exc:
             log.warning("eval at step %d skipped: %s", step, exc)
             return None
-        result = rollout_metrics(groups)
+        result = eval_summary(groups)
         _update(self.metrics, {"eval_step": step, "eval_exact_match": result["exact_match"], "eval_f1": result["f1"]})
-        return {
-            **result,
-            "step": step,
-            "policy_version": self.version,
-            "questions": len(groups),
-            "per_question": per_question_scores(groups),
-        }
+        return {**result, "step": step, "policy_version": self.version}
 
     def close(self) -> None:
         if self.bar is not None:

@@ -67,28 +67,25 @@ def init_gang(device: torch.device) -> Gang:
     collective_timeout_s = float(os.environ.get("RLJOB_COLLECTIVE_TIMEOUT", DEFAULT_COLLECTIVE_TIMEOUT_S))
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
+        # The env:// store (rank 0 serves it at MASTER_ADDR:MASTER_PORT) with the long timeout for
+        # members: init_process_group's own would wait only the collective timeout.
+        store = dist.TCPStore(
+            host_name=os.environ["MASTER_ADDR"],
+            port=int(os.environ["MASTER_PORT"]),
+            world_size=world_size,
+            is_master=rank == 0,
+            timeout=dt.timedelta(seconds=CONTROL_TIMEOUT_S),
+            wait_for_workers=True,
+        )
         dist.init_process_group(
             backend=backend,
-            store=rendezvous_store(rank, world_size, CONTROL_TIMEOUT_S),
+            store=store,
             rank=rank,
             world_size=world_size,
             timeout=dt.timedelta(seconds=collective_timeout_s),
         )
     control = dist.new_group(backend="gloo", timeout=dt.timedelta(seconds=CONTROL_TIMEOUT_S))
     return Gang(rank=rank, world_size=world_size, control_group=control, collective_device=device.type)
-
-
-def rendezvous_store(rank: int, world_size: int, timeout_s: float) -> dist.TCPStore:
-    """The env:// store (rank 0 serves it at MASTER_ADDR:MASTER_PORT), waiting `timeout_s` for members
-    (init_process_group's own store would wait only the collective timeout)."""
-    return dist.TCPStore(
-        host_name=os.environ["MASTER_ADDR"],
-        port=int(os.environ["MASTER_PORT"]),
-        world_size=world_size,
-        is_master=rank == 0,
-        timeout=dt.timedelta(seconds=timeout_s),
-        wait_for_workers=True,
-    )
 
 
 def close_gang(gang: Gang, *, finished: bool = False) -> None:

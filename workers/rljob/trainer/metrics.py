@@ -31,13 +31,18 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
     }
 
 
-def per_question_scores(groups: Sequence[TrajectoryGroup]) -> list[dict[str, float | str]]:
-    """One row per question of a greedy evaluation (its first sample): what paired tests compare."""
-    return [
-        {"id": g.question_id, "em": g.trajectories[0].exact_match, "f1": g.trajectories[0].f1}
-        for g in groups
-        if g.trajectories
-    ]
+def eval_summary(groups: Sequence[TrajectoryGroup]) -> dict[str, Any]:
+    """A greedy evaluation (one sample per question): `rollout_metrics`, the number of questions, and
+    one row per question, what paired tests compare."""
+    return {
+        **rollout_metrics(groups),
+        "questions": len(groups),
+        "per_question": [
+            {"id": g.question_id, "em": g.trajectories[0].exact_match, "f1": g.trajectories[0].f1}
+            for g in groups
+            if g.trajectories
+        ],
+    }
 
 
 class MetricsWriter:

@@ -14,15 +14,12 @@ from rljob.config import ModelSpec
 def load_policy(spec: ModelSpec) -> torch.nn.Module:
     """The policy model in fp32 from a hub name, a local directory or a GGUF file (dequantised).
 
-    Resolves the source exactly as the rollout engines do (`rljob.engines.models.model_source`),
-    so both sides load the same weights; only the dtype differs (fp32 master weights here).
+    Loaded exactly as the rollout engines load it (`rljob.engines.models.load_model`), so both
+    sides load the same weights; only the dtype differs (fp32 master weights here).
     """
-    from transformers import AutoModelForCausalLM
+    from rljob.engines.models import load_model
 
-    from rljob.engines.models import model_source
-
-    name, kwargs = model_source(spec)
-    return AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, **kwargs)
+    return load_model(spec.model_copy(update={"dtype": "float32"}))
 
 
 def disable_dropout(model: torch.nn.Module) -> None:
