@@ -42,8 +42,8 @@ class WorkerEnv(BaseModel):
     REQUIRED: ClassVar[tuple[str, ...]] = ("config_path", "redis_url")
 
     @classmethod
-    def from_environ(cls, environ: dict[str, str] | None = None) -> WorkerEnv:
-        env = os.environ if environ is None else environ
+    def from_environ(cls) -> WorkerEnv:
+        env = os.environ
         missing = [cls.NAMES[f] for f in cls.REQUIRED if not env.get(cls.NAMES[f])]
         if missing:
             raise SystemExit(f"missing environment variable(s): {', '.join(missing)}")

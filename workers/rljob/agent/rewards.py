@@ -40,12 +40,8 @@ def _light_normalize(text: str) -> str:
 
 
 def _best_score(prediction: str | None, golds: Sequence[str], score: Callable[[str, str], float]) -> float:
-    """The best `score(normalised prediction, normalised gold)` over the golds; None scores 0.
-
-    A gold such as "!!!" normalises to "", as do "the" and "?": comparing normalised text would give
-    any such answer full marks, so an empty-after-normalisation gold matches only an answer that is
-    equal to it after light normalisation.
-    """
+    """The best `score(normalised prediction, normalised gold)` over the golds (a gold that normalises
+    to nothing: light normalisation, see the module docstring); None scores 0."""
     if prediction is None:
         return 0.0
     pred = normalize_answer(prediction)

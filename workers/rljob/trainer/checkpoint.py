@@ -24,6 +24,7 @@ PREFIX = "step-"
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
 REFERENCE_FILE = "reference.pt"
+KEEP = 2  # how many of the newest checkpoints `save_checkpoint` leaves
 
 
 @dataclass(frozen=True)
@@ -77,15 +78,8 @@ def _step_dirs(directory: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
-def save_checkpoint(
-    directory: str | Path,
-    *,
-    step: int,
-    policy_version: int,
-    trainer_state: dict[str, Any],
-    keep: int = 2,
-) -> Path:
-    """Write `step-<step>` atomically, then keep only the newest `keep` checkpoints."""
+def save_checkpoint(directory: str | Path, *, step: int, policy_version: int, trainer_state: dict[str, Any]) -> Path:
+    """Write `step-<step>` atomically, then keep only the newest `KEEP` checkpoints."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"{PREFIX}{step:08d}"
@@ -102,7 +96,7 @@ def save_checkpoint(
         shutil.rmtree(final)
     os.rename(tmp, final)
     _fsync(directory)
-    for _, old in _step_dirs(directory)[:-keep]:
+    for _, old in _step_dirs(directory)[:-KEEP]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
