@@ -6,7 +6,7 @@ both under the same conditions; each row keeps the median over the pairs. The ba
 checked out in a temporary git worktree and imported from there (PYTHONPATH), with the same
 virtual environment. Writes <out>.json and <out>.png (the gains per row) and prints one line per
 row and metric:
-  python benchmarks/compare_revisions.py --base bf38613 --pairs 3 --out docs/results/weight_delta_ab_codec
+  python benchmarks/compare_revisions.py --base bf38613 --pairs 3 --out docs/results/weight_delta_ab
 Arguments after `--` go to bench_weight_delta.py (default: none, the full benchmark). Each side
 runs its own revision's benchmark script, unless `--same-script`: then both run this checkout's
 (for a base whose packages have the same API), so that a change in how the benchmark measures
