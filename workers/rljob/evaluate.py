@@ -27,15 +27,8 @@ def eval_requests(
     """One greedy sample per question; `step` and `min_policy_version` for the trainer's evaluations
     of its own weights (through the rollout workers)."""
     return [
-        PromptRequest(
-            request_id=f"{tag}-{i}-{q.id}",
-            step=step,
-            question_id=q.id,
-            question=q.question,
-            answers=list(q.answers),
-            group_size=1,
-            min_policy_version=min_policy_version,
-            greedy=True,
+        PromptRequest.for_question(
+            q, f"{tag}-{i}-{q.id}", step=step, group_size=1, min_policy_version=min_policy_version, greedy=True
         )
         for i, q in enumerate(questions)
     ]

@@ -7,6 +7,8 @@ single field `data` with the model's JSON.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # Request ids of the trainer's eval prompts start with this, so the trainer can find what an eval
@@ -29,6 +31,14 @@ class PromptRequest(BaseModel):
         0, ge=0, description="Workers must have at least this weight version loaded before sampling."
     )
     greedy: bool = Field(False, description="Eval prompts decode greedily.")
+
+    @classmethod
+    def for_question(cls, question: Any, request_id: str, **fields: Any) -> PromptRequest:
+        """A request for a `rljob.data.Question`: its id, text and gold answers, plus `fields`."""
+        answers = list(question.answers)
+        return cls(
+            request_id=request_id, question_id=question.id, question=question.question, answers=answers, **fields
+        )
 
 
 class Trajectory(BaseModel):

@@ -61,12 +61,10 @@ def _training_prompts(
     prefix: str, step: int, chosen: Sequence[Any], job: RLJob, min_policy_version: int, run_tag: str
 ) -> list[PromptRequest]:
     return [
-        PromptRequest(
-            request_id=f"{prefix}-q{slot}-r{run_tag}-{question.id}",
+        PromptRequest.for_question(
+            question,
+            f"{prefix}-q{slot}-r{run_tag}-{question.id}",
             step=step,
-            question_id=question.id,
-            question=question.question,
-            answers=list(question.answers),
             group_size=job.spec.grpo.group_size,
             min_policy_version=min_policy_version,
         )
