@@ -7,7 +7,9 @@ KV cache kept between turns. After a turn the cache holds, for each sample, ever
 appended the stop token and an <information> block) only the new suffixes are prefilled; rows of
 finished samples are dropped with `batch_select_indices`. Suffixes of unequal length are padded on
 the left of the chunk, i.e. in the middle of the sequence: the 2-D attention mask marks those holes
-and position ids are the running count of real tokens, so results equal an unpadded forward.
+and position ids are the running count of real tokens, so results equal an unpadded forward. Rows
+whose suffixes differ much in length (a correction beside a passage block) are fed in separate
+forwards and their caches merged, so that one long suffix does not pad every row to its length.
 Any other call (new questions, a weight update) starts with a fresh prefill, in which samples that
 share a context (a question's G samples) share one prefill: the cache rows are copied after it.
 
@@ -27,6 +29,7 @@ import torch
 from rljob.config import ModelSpec
 from rljob.engines.attention import register
 from rljob.engines.base import Completion, GenerationEngine, TurnParams, WeightSyncer
+from rljob.engines.buckets import length_buckets
 from rljob.engines.kv_cache import GrowingCache
 from rljob.engines.models import cache_argument, load_model, load_tokenizer
 from rljob.weights.reader import SyncResult
@@ -34,6 +37,7 @@ from rljob.weights.reader import SyncResult
 _STOP_TAIL_TOKENS = 16  # stop strings are short: a tail this long always contains a fresh match
 COMPACT_FRACTION = 4  # set finished rows aside once they are a quarter of the rows still fed
 DRAW_BLOCK = 256  # tokens per block of the two-level CDF inversion
+BUCKET_OVERHEAD = 256  # positions a prefill forward of its own must save to be worth its fixed cost
 
 
 @dataclass
@@ -66,6 +70,8 @@ class EngineStats:
     decode_row_steps: int = 0  # rows fed in decode steps (finished rows set aside are not)
     compactions: int = 0
     reused_tokens: int = 0
+    prefill_forwards: int = 0
+    padded_prefill_positions: int = 0  # positions prefilled beyond the chunks' own tokens
 
 
 def _match_rows(rows: list[list[int]], contexts: list[list[int]]) -> list[int] | None:
@@ -200,6 +206,45 @@ class HFEngine(GenerationEngine):
         self.stats.shared_prefill_tokens += sum(len(c) for c in contexts) - sum(len(c) for c in chunks)
         return _Prefill(chunks, GrowingCache() if self._growing_cache else None, empty, expand)
 
+    def _feed(self, chunks: list[list[int]], mask: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """One forward over `chunks`, left-padded to the longest: (last logits, cache, mask)."""
+        width = max(len(c) for c in chunks)
+        ids = torch.full((len(chunks), width), self.pad_id, dtype=torch.long, device=self.device)
+        chunk_mask = torch.zeros((len(chunks), width), dtype=torch.long, device=self.device)
+        for b, chunk in enumerate(chunks):
+            ids[b, width - len(chunk) :] = torch.tensor(chunk, device=self.device)
+            chunk_mask[b, width - len(chunk) :] = 1
+        mask = torch.cat([mask, chunk_mask], dim=1)
+        self.stats.prefill_forwards += 1
+        self.stats.padded_prefill_positions += len(chunks) * width - sum(len(c) for c in chunks)
+        logits, cache = self._forward(ids, mask, cache)
+        return logits, cache, mask
+
+    def _prefill(self, prefill: _Prefill) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """Feed every row its chunk. Rows whose chunks differ much in length go in separate
+        forwards (`length_buckets`), each cache part then merged back in row order; a short row
+        of a bucket is followed by a hole, which the mask marks as it marks padding."""
+        lengths = [len(c) for c in prefill.chunks]
+        buckets = length_buckets(lengths, BUCKET_OVERHEAD) if isinstance(prefill.cache, GrowingCache) else []
+        if len(buckets) <= 1:
+            return self._feed(prefill.chunks, prefill.mask, prefill.cache)
+        cache, rest = prefill.cache, list(range(len(lengths)))
+        parts, logits = [], None
+        for bucket in buckets[:-1]:
+            taken = set(bucket)
+            part = cache.split_off([rest.index(r) for r in bucket]) if cache.rows else GrowingCache()
+            rest = [r for r in rest if r not in taken]
+            parts.append((part, bucket))
+        parts.append((cache, rest))  # the rows left, in row order
+        merged = []
+        for part, rows in parts:
+            out, part, mask = self._feed([prefill.chunks[r] for r in rows], prefill.mask[rows], part)
+            logits = out.new_empty((len(lengths), out.shape[1])) if logits is None else logits
+            logits[rows] = out
+            merged.append((part, rows, mask))
+        cache, mask = _merge(merged, len(lengths))
+        return logits, cache, mask
+
     @torch.inference_mode()
     def generate(self, contexts: list[list[int]], params: TurnParams) -> list[Completion]:
         batch = len(contexts)
@@ -208,16 +253,7 @@ class HFEngine(GenerationEngine):
         if any(n < 1 for n in params.max_new_tokens) or len(params.max_new_tokens) != batch:
             raise ValueError("max_new_tokens needs one positive budget per context")
         prefill = self._prefill_inputs(contexts)
-        chunks, cache, mask = prefill.chunks, prefill.cache, prefill.mask
-        width = max(len(c) for c in chunks)
-        ids = torch.full((len(chunks), width), self.pad_id, dtype=torch.long, device=self.device)
-        chunk_mask = torch.zeros((len(chunks), width), dtype=torch.long, device=self.device)
-        for b, chunk in enumerate(chunks):
-            if chunk:
-                ids[b, width - len(chunk) :] = torch.tensor(chunk, device=self.device)
-                chunk_mask[b, width - len(chunk) :] = 1
-        mask = torch.cat([mask, chunk_mask], dim=1)
-        logits, cache = self._forward(ids, mask, cache)
+        logits, cache, mask = self._prefill(prefill)
         if prefill.expand is not None:
             cache.batch_select_indices(prefill.expand)
             logits, mask = logits[prefill.expand], mask[prefill.expand]
