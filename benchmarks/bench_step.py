@@ -16,10 +16,12 @@ runs in its own process (its peak RSS is that phase's), at 1 and 2 threads:
   times the model's FLOPs a token.
 
 The base revision (`--base`, default the commit before this work) runs this same script from a
-temporary git worktree with its own packages on PYTHONPATH. `--step` also times whole GRPO steps at
+temporary git worktree with its own packages on PYTHONPATH. `--pairs N` runs each side's rollout and
+training phases N times, alternated in ABBA order, and takes each speed-up as the median of the
+per-pair ratios: this machine's speed drifts by 15-20% within minutes. `--step` also times whole GRPO steps at
 lag 0 and lag 1 through `rljob run --local` (this checkout only; minutes). Writes <out>.json and
 <out>.png and prints the JSON summary as its last line:
-  python benchmarks/bench_step.py --step --out docs/results/step_speed
+  python benchmarks/bench_step.py --pairs 3 --step --out docs/results/step_speed
   python benchmarks/bench_step.py --quick     # tiny work, under a minute, no base, no step
 """
 
@@ -270,6 +272,12 @@ def run_phase(tree: Path, phase: str, threads: int, args, extra: list[str] = (),
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def median_run(rows: list[dict]) -> dict:
+    """The run with the median tokens/s (the lower middle one of an even count), with every run's rate."""
+    ordered = sorted(rows, key=lambda r: r["tokens_per_s"])
+    return {**ordered[(len(ordered) - 1) // 2], "runs_tokens_per_s": [r["tokens_per_s"] for r in rows]}
+
+
 def plain_sample(folder: Path) -> Path:
     """The packaged sample decompressed, for a base revision that reads plain files only."""
     from rljob.assets import hotpotqa_file
@@ -362,6 +370,9 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--threads-list", default="1,2")
+    parser.add_argument(
+        "--pairs", type=int, default=1, help="runs of each side per phase, alternated; speed-ups are the median pair's"
+    )
     parser.add_argument("--step", action="store_true", help="also time whole steps at lag 0 and 1 (rljob run)")
     parser.add_argument("--steps", type=int, default=4, help="GRPO steps per lag with --step")
     parser.add_argument("--step-warmup", type=int, default=24, help="warm-up demonstrations before the --step runs")
@@ -396,33 +407,47 @@ def main() -> None:
         "base_revision": args.base,
         "head": {},
         "base": {},
+        "pairs": args.pairs,
+        "pair_ratios": {},
     }
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         groups = scratch / "groups.json"
-        for threads in threads_list:
-            progress(f"this checkout, {threads} thread(s): rollout")
-            extra = ["--save-groups", str(groups)]
-            summary["head"][f"rollout_{threads}"] = run_phase(REPO, "rollout", threads, args, extra)
-            progress(f"  {summary['head'][f'rollout_{threads}']}")
-            for phase in ("train", "generate", "roofline"):
-                progress(f"this checkout, {threads} thread(s): {phase}")
-                summary["head"][f"{phase}_{threads}"] = run_phase(REPO, phase, threads, args, ["--groups", str(groups)])
-                progress(f"  {summary['head'][f'{phase}_{threads}']}")
+        tree = scratch / "base"
         if args.base:
-            tree = scratch / "base"
             subprocess.run(
                 ["git", "worktree", "add", "--detach", str(tree), args.base], cwd=REPO, check=True, capture_output=True
             )
-            try:
-                data = plain_sample(Path(tempfile.mkdtemp(dir=scratch)))
-                for threads in threads_list:
-                    for phase in ("rollout", "train"):
-                        progress(f"base {args.base}, {threads} thread(s): {phase}")
-                        row = run_phase(tree, phase, threads, args, ["--groups", str(groups)], data_dir=data)
-                        summary["base"][f"{phase}_{threads}"] = row
-                        progress(f"  {row}")
-            finally:
+        try:
+            data = plain_sample(Path(tempfile.mkdtemp(dir=scratch))) if args.base else None
+            for threads in threads_list:
+                for phase in ("rollout", "train"):
+                    runs: dict[str, list[dict]] = {"head": [], "base": []}
+                    for pair in range(args.pairs):
+                        # ABBA order: a drift during the run weighs on both sides alike
+                        sides = ["head", "base"] if pair % 2 == 0 else ["base", "head"]
+                        for side in sides if args.base else ["head"]:
+                            first_rollout = phase == "rollout" and side == "head" and not runs["head"]
+                            extra = ["--save-groups" if first_rollout else "--groups", str(groups)]
+                            progress(f"{side}, {threads} thread(s): {phase}, pair {pair + 1}/{args.pairs}")
+                            if side == "head":
+                                runs[side].append(run_phase(REPO, phase, threads, args, extra))
+                            else:
+                                runs[side].append(run_phase(tree, phase, threads, args, extra, data_dir=data))
+                            progress(f"  {runs[side][-1]}")
+                    for side, rows in runs.items():
+                        if rows:
+                            summary[side][f"{phase}_{threads}"] = median_run(rows)
+                    if args.base:
+                        ratios = [h["tokens_per_s"] / b["tokens_per_s"] for h, b in zip(*runs.values(), strict=True)]
+                        summary["pair_ratios"].setdefault(str(threads), {})[phase] = ratios
+                for phase in ("generate", "roofline"):
+                    progress(f"this checkout, {threads} thread(s): {phase}")
+                    row = run_phase(REPO, phase, threads, args, ["--groups", str(groups)])
+                    summary["head"][f"{phase}_{threads}"] = row
+                    progress(f"  {row}")
+        finally:
+            if args.base:
                 subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, capture_output=True)
         if args.step:
             for lag in (0, 1):
@@ -444,12 +469,12 @@ def main() -> None:
         "train": summary["train_tokens_per_s"] / train_roof,
     }
     if base:
-        summary["rollout_speedup"] = summary["rollout_tokens_per_s"] / base[f"rollout_{best}"]["tokens_per_s"]
-        summary["train_speedup"] = summary["train_tokens_per_s"] / base[f"train_{best}"]["tokens_per_s"]
         summary["speedups_by_threads"] = {
-            t: {k: head[f"{k}_{t}"]["tokens_per_s"] / base[f"{k}_{t}"]["tokens_per_s"] for k in ("rollout", "train")}
+            t: {k: statistics.median(summary["pair_ratios"][str(t)][k]) for k in ("rollout", "train")}
             for t in threads_list
         }
+        summary["rollout_speedup"] = summary["speedups_by_threads"][best]["rollout"]
+        summary["train_speedup"] = summary["speedups_by_threads"][best]["train"]
     if args.step:
         summary["step_seconds_lag0"] = summary["step_lag0"]["step_seconds"]
         summary["step_seconds_lag1"] = summary["step_lag1"]["step_seconds"]
