@@ -4,7 +4,9 @@ On CPU, torch's fused SDPA kernel is built for long queries. A decode step asks 
 row per sequence (a few per key/value head under grouped-query attention) against the whole cache,
 and it spends most of a SmolLM2 decode step there (measured: `docs/results/step_speed.md`). Two
 batched matmuls and a softmax do the same work at the cost of the arithmetic. Prefill (many query
-rows) keeps transformers' own SDPA path, which is fast there.
+rows) keeps SDPA, which is fast there, with the query heads that share a key/value head stacked
+along the query axis: the kernel then reads each key/value head once, where transformers' path
+with a mask first copies the cache once per query head (`repeat_kv`).
 
 Registered under its own name so only models that ask for it use it; masks are built as for SDPA.
 """
@@ -40,10 +42,25 @@ def grouped_decode_attention(
     scores = scores.view(b, hkv, groups, q, length)
     if attention_mask is not None:
         mask = attention_mask[:, :, None] if attention_mask.dim() == 4 else attention_mask
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+        scores = scores.masked_fill_(~mask, float("-inf")) if mask.dtype == torch.bool else scores.add_(mask)
     probs = scores.softmax(-1).to(value.dtype).view(b, hkv, groups * q, length)
     out = torch.matmul(probs, value).view(b, h, q, d)
     return out.transpose(1, 2).contiguous()
+
+
+def grouped_prefill_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor, scaling: float | None
+) -> torch.Tensor:
+    """SDPA for query [b, h, q, d] against key/value [b, hkv, L, d] -> [b, q, h, d], the h // hkv
+    query heads of a key/value head stacked as one query of (h // hkv) * q rows. The 4-D mask
+    ([b, 1, q or 1, L]) must be given, as a causal mask cannot be left to the kernel once queries
+    are stacked; it is repeated along the stacked rows."""
+    b, h, q, d = query.shape
+    groups = h // key.shape[1]
+    packed = query.reshape(b, key.shape[1], groups * q, d)  # heads of a group are adjacent
+    mask = attention_mask.expand(-1, -1, q, -1).repeat(1, 1, groups, 1)
+    out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=mask, scale=scaling)
+    return out.view(b, h, q, d).transpose(1, 2).contiguous()
 
 
 def rljob_attention_forward(
@@ -58,18 +75,19 @@ def rljob_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    usable = (
-        query.shape[2] <= DECODE_QUERY_ROWS
-        and dropout == 0.0
+    plain = (
+        dropout == 0.0
         and kwargs.get("softcap") is None
         and kwargs.get("position_bias") is None
         and query.shape[1] % key.shape[1] == 0
     )
-    if not usable:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    key, value, attention_mask = whole_buffers(key, value, attention_mask, query.shape[2])
-    return grouped_decode_attention(query, key, value, attention_mask, scale), None
+    if plain and query.shape[2] <= DECODE_QUERY_ROWS:
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        key, value, attention_mask = whole_buffers(key, value, attention_mask, query.shape[2])
+        return grouped_decode_attention(query, key, value, attention_mask, scale), None
+    if plain and attention_mask is not None and attention_mask.dim() == 4:
+        return grouped_prefill_attention(query, key, value, attention_mask, scaling), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
 
 
 def _whole(view: torch.Tensor) -> torch.Tensor | None:
