@@ -7,6 +7,7 @@ import torch
 
 from rljob.assets import hotpotqa_file
 from rljob.data.hotpotqa import load_questions
+from rljob.engines import hf
 from rljob.engines.base import TurnParams
 from rljob.engines.hf import DRAW_BLOCK, HFEngine, draw_from, sample_tokens
 from support.tiny_models import tiny_random_model, train_tiny_tokenizer
@@ -179,3 +180,33 @@ def test_cpu_engine_decodes_with_matmul_attention(tiny):
     model, tokenizer = tiny
     engine = HFEngine(model, tokenizer)
     assert engine.model.config._attn_implementation == ATTENTION_NAME
+
+
+def test_bucketed_prefill_changes_no_logprob_and_saves_the_padding(tiny, monkeypatch):
+    """Turn two appends a short correction to most samples and a long block to one: the long one
+    gets its own forward, and every sample's tokens and log-probs over both turns, and a third
+    turn on the merged cache, equal a plain teacher-forced forward."""
+    model, tokenizer = tiny
+    monkeypatch.setattr(hf, "BUCKET_OVERHEAD", 8)
+    questions = ["Which city is the capital of France?", "Who wrote it", "The band was formed in 1990."]
+    contexts = [tokenizer.encode(q) for q in questions for _ in range(3)]
+    short = tokenizer.encode(" Invalid. ")
+    long = tokenizer.encode(" <information> Paris is the capital and largest city of France. </information> ") * 2
+    engine = HFEngine(model, tokenizer, seed=7)
+    contexts_by_turn, outs_by_turn = [], []
+    for turn in range(3):
+        forwards, padded = engine.stats.prefill_forwards, engine.stats.padded_prefill_positions
+        budgets = [4 + (i + turn) % 5 for i in range(len(contexts))]
+        outs = engine.generate(contexts, TurnParams(max_new_tokens=budgets, temperature=0.9))
+        contexts_by_turn.append(contexts)
+        outs_by_turn.append(outs)
+        contexts = [
+            c + o.token_ids + (long if i == 4 else short) for i, (c, o) in enumerate(zip(contexts, outs, strict=True))
+        ]
+        if turn == 1:  # the short suffixes in one forward, the long one in another: no padding
+            assert engine.stats.prefill_forwards - forwards == 2
+            assert engine.stats.padded_prefill_positions == padded
+    for contexts, outs in zip(contexts_by_turn, outs_by_turn, strict=True):
+        for ctx, out in zip(contexts, outs, strict=True):
+            expected = _teacher_forced_logprobs(model, ctx + out.token_ids, len(ctx), 0.9)
+            assert out.logprobs == pytest.approx(expected, abs=1e-4)
