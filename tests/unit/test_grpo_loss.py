@@ -89,6 +89,22 @@ def test_k3_kl_and_entropy_values() -> None:
     assert token_logprobs(logits, torch.tensor([[1]])).item() == pytest.approx(math.log(0.75))
 
 
+def test_token_logprobs_equal_the_log_softmax_at_the_target_with_its_gradient() -> None:
+    gen = torch.Generator().manual_seed(1)
+    for shape in [(7, 300), (2, 5, 300)]:
+        logits = (torch.randn(shape, generator=gen) * 8).requires_grad_()
+        targets = torch.randint(0, 300, shape[:-1], generator=gen)
+        weights = torch.randn(shape[:-1], generator=gen)
+        (token_logprobs(logits, targets) * weights).sum().backward()
+        got, grad = token_logprobs(logits, targets).detach(), logits.grad.clone()
+        logits.grad = None
+        expected = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        (expected * weights).sum().backward()
+        assert got.shape == targets.shape
+        assert torch.allclose(got, expected.detach(), atol=1e-5)
+        assert torch.allclose(grad, logits.grad, atol=1e-6)
+
+
 def test_masked_positions_get_exactly_zero_gradient_through_every_term() -> None:
     torch.manual_seed(0)
     logits = torch.randn(3, 5, 11, dtype=torch.float64, requires_grad=True)

@@ -84,6 +84,15 @@ def _hidden_states(body: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor,
     return out.last_hidden_state, shared
 
 
+def _head_logits(head: torch.nn.Module, hidden: torch.Tensor, temperature: float) -> torch.Tensor:
+    """fp32 logits / temperature, dividing the hidden states (a few hundred wide) rather than the
+    logits (vocabulary wide) when the head is a plain bias-free projection."""
+    weight = getattr(head, "weight", None)
+    if isinstance(head, torch.nn.Linear) and head.bias is None and isinstance(weight, torch.Tensor):
+        return (hidden.float() / temperature) @ weight.float().T
+    return head(hidden.float()) / temperature
+
+
 def _scatter(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
 
@@ -106,15 +115,15 @@ def masked_token_logprobs(
         with autocast_context(device, autocast_dtype):
             out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
         logits = (out.logits if hasattr(out, "logits") else out)[:, :-1, :][mb.mask].float()  # [loss tokens, vocab]
+        if temperature != 1.0:
+            logits = logits / temperature
     else:
         body, head = parts
         with autocast_context(device, autocast_dtype):
             hidden, start = _hidden_states(body, mb)
         picked = hidden[:, :-1, :][mb.mask[:, start:]]  # [loss tokens, hidden], in `mb.mask` order
         with torch.autocast(device.type, enabled=False):
-            logits = head(picked.float())  # [loss tokens, vocab], fp32 master weights
-    if temperature != 1.0:
-        logits = logits / temperature
+            logits = _head_logits(head, picked, temperature)  # [loss tokens, vocab], fp32 master weights
     logp = _scatter(token_logprobs(logits, mb.targets[mb.mask]), mb.mask)
     ent = _scatter(token_entropy(logits), mb.mask) if entropy else None
     return TokenLogprobs(logp, ent)

@@ -34,10 +34,16 @@ LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 5e8: beyond it a ratio means a broken sample
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Log-prob of each target token: logits [b, t, V] (already aligned with targets [b, t])."""
+    """Log-prob of each target token: logits [..., V] (already aligned with targets [...]).
+
+    One fused log-softmax and pick (`cross_entropy`), whose backward is one pass over the
+    vocabulary: a gather minus a `logsumexp` takes several, which shows on a 49k-way vocabulary.
+    """
     logits = logits.float()
-    picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
+    flat = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
+    )
+    return -flat.view(targets.shape)
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
