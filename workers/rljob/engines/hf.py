@@ -16,7 +16,8 @@ share a context (a question's G samples) share one prefill: the cache rows are c
 On CPU three things keep a decode step near the cost of its arithmetic: the KV cache appends in
 place (`kv_cache.GrowingCache`, not a `torch.cat` of the whole cache per token), rows that have
 finished are set aside once they are a quarter of the batch and put back for the next turn, and
-decode attention is two matmuls instead of torch's SDPA kernel (`attention`).
+decode attention is two matmuls instead of torch's SDPA kernel (`attention`), and bf16 linear
+layers hand oneDNN weights it has already reordered (`packed_linear`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from rljob.engines.base import Completion, GenerationEngine, TurnParams, WeightS
 from rljob.engines.buckets import length_buckets
 from rljob.engines.kv_cache import GrowingCache
 from rljob.engines.models import cache_argument, load_model, load_tokenizer
+from rljob.engines.packed_linear import pack_linears
 from rljob.weights.reader import SyncResult
 
 _STOP_TAIL_TOKENS = 16  # stop strings are short: a tail this long always contains a fresh match
@@ -166,6 +168,8 @@ class HFEngine(GenerationEngine):
         self._growing_cache = layer_types == {"full_attention"}
         if self.device.type == "cpu" and getattr(config, "_attn_implementation", None) == "sdpa":
             self.model.set_attn_implementation(register())
+        if self.device.type == "cpu":
+            pack_linears(self.model)
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, device: str = "cpu", seed: int = 0, **kwargs: Any) -> HFEngine:
