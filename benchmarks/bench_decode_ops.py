@@ -1,4 +1,4 @@
-"""Two decode-step operations the transformers engine changed, each timed against what it replaced.
+"""Three decode-step operations the transformers engine changed, each timed against what it replaced.
 
 - attention scores in bf16 over the KV cache: a matmul on a strided view of a buffer with spare
   room (what `GrowingLayer.keys` is) against the whole contiguous buffer (what decode attention
@@ -6,7 +6,11 @@
 - one token and its log-prob per row from 64 x 49,152 bf16 logits at T = 0.8: a log-softmax and
   `torch.multinomial` (before issue 21), and a log-softmax and one cumulative sum over the
   vocabulary (the sampler until 5ff5c0b), against `hf.sample_tokens` (in place, a two-level CDF
-  inversion).
+  inversion);
+- the bf16 linear products of one decode step at SmolLM2-135M's shapes (30 layers of q, k, v, o,
+  gate, up and down, and the 49,152-way head; random weights, 64 rows): torch's `linear`, which
+  lets oneDNN reorder each weight on every call (before `engines.packed_linear`), against
+  `PackedLinear`, whose weights were reordered once.
 One thread. Prints ratios side by side and the JSON summary as its last line:
   python benchmarks/bench_decode_ops.py [--quick]
 """
@@ -21,6 +25,11 @@ from _common import finish, progress
 
 from rljob.engines.base import TurnParams
 from rljob.engines.hf import sample_tokens
+from rljob.engines.packed_linear import PackedLinear
+
+# (out, in) of SmolLM2-135M's linear layers: one decoder layer's, then the output layer.
+LAYER_SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
+HEAD_SHAPE = (49_152, 576)
 
 
 def _ms(fn, reps: int) -> float:
@@ -65,6 +74,21 @@ def main() -> None:
         f"sampling 64 x 49,152: log-softmax + torch.multinomial {multinomial:.2f} ms, log-softmax + one cumsum "
         f"{one_cumsum:.2f} ms, sample_tokens {cdf:.2f} ms: x{multinomial / cdf:.2f} and x{one_cumsum / cdf:.2f}"
     )
+    layers = [torch.nn.Linear(i, o, bias=False, dtype=torch.bfloat16) for o, i in LAYER_SHAPES * 30 + [HEAD_SHAPE]]
+    inputs = {i: torch.randn(64, i, generator=gen).to(torch.bfloat16) for i in (576, 1536)}
+    packed_layers = [PackedLinear(layer) for layer in layers]
+
+    def step(modules: list[torch.nn.Module]) -> None:
+        with torch.inference_mode():
+            for module in modules:
+                module(inputs[module.in_features])
+
+    plain_linear = _ms(lambda: step(layers), max(reps // 3, 2))
+    packed_linear = _ms(lambda: step(packed_layers), max(reps // 3, 2))
+    progress(
+        f"a decode step's bf16 linear products at 64 rows: torch's linear {plain_linear:.1f} ms, weights reordered "
+        f"once {packed_linear:.1f} ms: x{plain_linear / packed_linear:.2f}"
+    )
     finish(
         "decode_ops_quick" if args.quick else "decode_ops",
         {
@@ -76,6 +100,9 @@ def main() -> None:
             "sampling_speedup": multinomial / cdf,
             "one_cumsum_ms": one_cumsum,
             "sampler_change_speedup": one_cumsum / cdf,
+            "linear_plain_ms": plain_linear,
+            "linear_packed_ms": packed_linear,
+            "linear_speedup": plain_linear / packed_linear,
         },
     )
 
