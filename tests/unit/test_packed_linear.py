@@ -3,6 +3,8 @@ the same Parameters, and a fresh reorder after any in-place weight write (a weig
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -57,6 +59,10 @@ def test_an_in_place_weight_write_is_seen_by_the_next_forward():
         after = packed(x)
         _assert_same_product(after, torch.nn.functional.linear(x, plain.weight))
     assert not torch.equal(before, after)
+    plain.weight = torch.nn.Parameter((torch.randn(64, 32) * 0.05).to(torch.bfloat16))  # a new Parameter
+    packed.weight = plain.weight
+    with torch.inference_mode():
+        _assert_same_product(packed(x), torch.nn.functional.linear(x, plain.weight))
 
 
 def test_packing_keeps_the_models_parameters_and_ties():
@@ -73,6 +79,20 @@ def test_packing_keeps_the_models_parameters_and_ties():
     assert {n: id(p) for n, p in model.named_parameters()} == {n: id(p) for n, p in names.items()}
     assert list(model.state_dict()) == keys
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+def test_a_used_layer_can_be_copied_and_the_copy_computes_the_same():
+    layer = PackedLinear(_linear(64, 32))
+    x = torch.randn(8, 32).to(torch.bfloat16)
+    with torch.inference_mode():
+        want = layer(x)  # the reordered weight now exists, and cannot be copied itself
+    twin = copy.deepcopy(layer)
+    assert twin.weight is not layer.weight and torch.equal(twin.weight, layer.weight)
+    with torch.inference_mode():
+        assert torch.equal(twin(x), want)
+        made_here = copy.deepcopy(layer)  # its weight is an inference tensor: torch's own path
+        assert made_here.weight.is_inference()
+        _assert_same_product(made_here(x), want)
 
 
 def test_fp32_layers_and_gradients_take_torchs_own_path():

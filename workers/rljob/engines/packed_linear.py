@@ -8,7 +8,8 @@ once, and again only when the weights change, runs the same kernel on the same b
 `PackedLinear` keeps the module's own `weight` (and `bias`) Parameters, so parameter names, the
 state dict, tied embeddings and in-place weight updates (`rljob.weights`) see no difference; an
 in-place write bumps the weight's version counter, and the next forward reorders again. A
-single-row input takes torch's plain path, which computes it differently (a matrix-vector kernel).
+single-row input takes torch's plain path, which computes it differently (a matrix-vector kernel),
+and so does a weight made under inference mode, which has no version counter.
 """
 
 from __future__ import annotations
@@ -41,18 +42,26 @@ class PackedLinear(torch.nn.Linear):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         self._packed: torch.Tensor | None = None
-        self._packed_from: tuple[int, int] | None = None  # (id, version) of the weight it was made from
+        # The weight tensor and version it was made from (the tensor itself, not its id, which a
+        # replacement could reuse).
+        self._packed_from: tuple[torch.Tensor, int] | None = None
+
+    def __getstate__(self) -> dict:
+        # oneDNN's reordered tensor is opaque (no storage to copy or pickle): copies reorder anew.
+        return {**self.__dict__, "_packed": None, "_packed_from": None}
 
     def _current_packing(self) -> torch.Tensor:
-        source = (id(self.weight), self.weight._version)
-        if self._packed is None or self._packed_from != source:
+        made_from = self._packed_from
+        if made_from is None or made_from[0] is not self.weight or made_from[1] != self.weight._version:
             with torch.no_grad():
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), ROWS_HINT)
-            self._packed_from = source
+            self._packed_from = (self.weight, self.weight._version)
+        assert self._packed is not None
         return self._packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or x.dtype != torch.bfloat16 or x.numel() <= x.shape[-1]:
+        plain = torch.is_grad_enabled() or x.dtype != torch.bfloat16 or x.numel() <= x.shape[-1]
+        if plain or self.weight.is_inference():  # an inference tensor has no version counter to watch
             return torch.nn.functional.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._current_packing(), self.bias, "none", [], "")
 
