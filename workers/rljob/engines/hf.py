@@ -13,9 +13,9 @@ forwards and their caches merged, so that one long suffix does not pad every row
 Any other call (new questions, a weight update) starts with a fresh prefill, in which samples that
 share a context (a question's G samples) share one prefill: the cache rows are copied after it.
 
-On CPU three things keep a decode step near the cost of its arithmetic: the KV cache appends in
+On CPU four things keep a decode step near the cost of its arithmetic: the KV cache appends in
 place (`kv_cache.GrowingCache`, not a `torch.cat` of the whole cache per token), rows that have
-finished are set aside once they are a quarter of the batch and put back for the next turn, and
+finished are set aside once they are a quarter of the batch and put back for the next turn,
 decode attention is two matmuls instead of torch's SDPA kernel (`attention`), and bf16 linear
 layers hand oneDNN weights it has already reordered (`packed_linear`).
 """

@@ -24,13 +24,17 @@ ROWS_HINT = 64  # the batch size oneDNN chooses the blocked layout for: a decode
 
 
 def packing_supported(weight: torch.Tensor) -> bool:
-    """oneDNN bf16 on CPU, with the private ops torch's own compiler uses for prepacked weights."""
+    """oneDNN bf16 on this CPU, with the private ops torch's own compiler uses for prepacked weights
+    (torch's plain bf16 linear has a fallback where oneDNN has no bf16 kernel; these ops do not)."""
+    ops = torch.ops.mkldnn
     return (
         weight.device.type == "cpu"
         and weight.dtype == torch.bfloat16
         and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and all(
+            hasattr(ops, name) for name in ("_reorder_linear_weight", "_linear_pointwise", "_is_mkldnn_bf16_supported")
+        )
+        and ops._is_mkldnn_bf16_supported()
     )
 
 
