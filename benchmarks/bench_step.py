@@ -34,6 +34,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -385,6 +386,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.phase:
         return phase_main(args)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` removes the base's worktree
     if args.quick:
         args.questions, args.group_size, args.base, args.threads_list = 2, 2, "", "2"
     threads_list = [int(t) for t in args.threads_list.split(",")]
