@@ -7,8 +7,8 @@
   `torch.multinomial` (before issue 21), and a log-softmax and one cumulative sum over the
   vocabulary (the sampler until 5ff5c0b), against `hf.sample_tokens` (in place, a two-level CDF
   inversion);
-- the bf16 linear products of one decode step at SmolLM2-135M's shapes (30 layers of q, k, v, o,
-  gate, up and down, and the 49,152-way head; random weights, 64 rows): torch's `linear`, which
+- the bf16 linear products of one decode step of the bundled SmolLM2-135M (30 layers of q, k, v,
+  o, gate, up and down, and the 49,152-way head; its own weights, 64 rows): torch's `linear`, which
   lets oneDNN reorder each weight on every call (before `engines.packed_linear`), against
   `PackedLinear`, whose weights were reordered once.
 One thread. Prints ratios side by side and the JSON summary as its last line:
@@ -23,13 +23,12 @@ import time
 import torch
 from _common import finish, progress
 
+from rljob.assets import smollm2_model_dir
+from rljob.config import ModelSpec
 from rljob.engines.base import TurnParams
 from rljob.engines.hf import sample_tokens
+from rljob.engines.models import load_model
 from rljob.engines.packed_linear import PackedLinear
-
-# (out, in) of SmolLM2-135M's linear layers: one decoder layer's, then the output layer.
-LAYER_SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
-HEAD_SHAPE = (49_152, 576)
 
 
 def _ms(fn, reps: int) -> float:
@@ -74,8 +73,9 @@ def main() -> None:
         f"sampling 64 x 49,152: log-softmax + torch.multinomial {multinomial:.2f} ms, log-softmax + one cumsum "
         f"{one_cumsum:.2f} ms, sample_tokens {cdf:.2f} ms: x{multinomial / cdf:.2f} and x{one_cumsum / cdf:.2f}"
     )
-    layers = [torch.nn.Linear(i, o, bias=False, dtype=torch.bfloat16) for o, i in LAYER_SHAPES * 30 + [HEAD_SHAPE]]
-    inputs = {i: torch.randn(64, i, generator=gen).to(torch.bfloat16) for i in (576, 1536)}
+    model = load_model(ModelSpec(name=str(smollm2_model_dir()), dtype="bfloat16"))
+    layers = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    inputs = {w: torch.randn(64, w, generator=gen).to(torch.bfloat16) for w in {m.in_features for m in layers}}
     packed_layers = [PackedLinear(layer) for layer in layers]
 
     def step(modules: list[torch.nn.Module]) -> None:

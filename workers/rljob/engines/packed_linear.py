@@ -45,23 +45,21 @@ class PackedLinear(torch.nn.Linear):
         torch.nn.Module.__init__(self)  # not Linear's: the Parameters are the given module's own
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self._packed: torch.Tensor | None = None
-        # The weight tensor and version it was made from (the tensor itself, not its id, which a
-        # replacement could reuse).
-        self._packed_from: tuple[torch.Tensor, int] | None = None
+        # (weight, its version, the reordered copy): the tensor itself, not its id, which a
+        # replacement could reuse.
+        self._packing: tuple[torch.Tensor, int, torch.Tensor] | None = None
 
     def __getstate__(self) -> dict:
         # oneDNN's reordered tensor is opaque (no storage to copy or pickle): copies reorder anew.
-        return {**self.__dict__, "_packed": None, "_packed_from": None}
+        return {**self.__dict__, "_packing": None}
 
     def _current_packing(self) -> torch.Tensor:
-        made_from = self._packed_from
-        if made_from is None or made_from[0] is not self.weight or made_from[1] != self.weight._version:
+        packing = self._packing
+        if packing is None or packing[0] is not self.weight or packing[1] != self.weight._version:
             with torch.no_grad():
-                self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), ROWS_HINT)
-            self._packed_from = (self.weight, self.weight._version)
-        assert self._packed is not None
-        return self._packed
+                reordered = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), ROWS_HINT)
+            packing = self._packing = (self.weight, self.weight._version, reordered)
+        return packing[2]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         plain = torch.is_grad_enabled() or x.dtype != torch.bfloat16 or x.numel() <= x.shape[-1]
