@@ -10,7 +10,7 @@ import torch
 from rljob.config import GRPOSpec
 from rljob.trainer.batch import Sample, collate, prompt_micro_batches, shared_prefix_length, trainable_samples
 from rljob.trainer.grpo import GRPOTrainer
-from rljob.trainer.logits import masked_token_logprobs
+from rljob.trainer.logits import _head_logits, masked_token_logprobs
 from rljob.trainer.loss import aggregate, grpo_token_terms, token_entropy, token_logprobs
 from support.tiny_models import tiny_causal_lm
 from support.toy import sample_toy_groups
@@ -112,6 +112,27 @@ def test_bf16_autocast_body_keeps_an_fp32_head_and_stays_close() -> None:
     assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
     stats = trainer.train_step(_ragged_groups(), 0)
     assert stats.updated and abs(stats.importance_weight - 1.0) < 0.05
+
+
+def test_the_heads_forward_stays_fp32_and_its_backward_runs_in_the_autocast_dtype() -> None:
+    head = torch.nn.Linear(64, 1_000, bias=False)
+    hidden = torch.randn(50, 64, generator=torch.Generator().manual_seed(6)).bfloat16().requires_grad_()
+    targets = torch.randint(0, 1_000, (50,), generator=torch.Generator().manual_seed(7))
+
+    def run(grad_dtype: torch.dtype | None) -> tuple[torch.Tensor, ...]:
+        head.zero_grad(set_to_none=True)
+        hidden.grad = None
+        logits = _head_logits(head, hidden, TEMPERATURE, grad_dtype)
+        token_logprobs(logits, targets).sum().backward()
+        return logits.detach(), hidden.grad.float(), head.weight.grad.clone()
+
+    exact, fast = run(None), run(torch.bfloat16)
+    assert fast[0].dtype == torch.float32 and torch.equal(fast[0], exact[0])  # the log-probs are read off these
+    for got, expected in zip(fast[1:], exact[1:], strict=True):
+        assert not torch.equal(got, expected)  # the bf16 products did run
+        assert (got - expected).norm() / expected.norm() < 1e-2  # within bf16 rounding
+    with torch.no_grad():
+        assert torch.equal(_head_logits(head, hidden, TEMPERATURE, torch.bfloat16), exact[0])
 
 
 def _samples() -> list[Sample]:

@@ -7,8 +7,9 @@ every position (a prefix the rows share, their group's prompt, once) and the hea
 positions; the others take the full forward, because many transform their logits inside it
 (Granite's logits_scaling, Cohere's logit_scale, Gemma 2's soft-capping).
 
-The body may run under autocast (bf16 on fast hardware); the head and the log-softmax always run
-in fp32, since bf16 logits are too coarse for a softmax.
+The body may run under autocast (bf16 on fast hardware). The head's product and the log-softmax
+always run forward in fp32, since bf16 logits are too coarse for a softmax; under autocast the
+head's backward products run in the autocast dtype, as every other layer's do.
 """
 
 from __future__ import annotations
@@ -84,12 +85,41 @@ def _hidden_states(body: torch.nn.Module, mb: MicroBatch) -> tuple[torch.Tensor,
     return out.last_hidden_state, shared
 
 
-def _head_logits(head: torch.nn.Module, hidden: torch.Tensor, temperature: float) -> torch.Tensor:
+class _HeadProduct(torch.autograd.Function):
+    """`hidden @ weight.T` in fp32, whose backward runs its two products in `grad_dtype`.
+
+    The forward stays fp32 because the log-probs (and the importance weights) are read off it; the
+    backward's products are two thirds of the head's FLOPs, and autocast computes every other
+    layer's gradients in that dtype already (fp32 accumulation, bf16 inputs).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, grad_dtype: torch.dtype) -> torch.Tensor:
+        ctx.grad_dtype = grad_dtype
+        ctx.save_for_backward(hidden.to(grad_dtype), weight)
+        return hidden @ weight.T
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+        hidden, weight = ctx.saved_tensors
+        low = grad.to(ctx.grad_dtype)
+        grad_hidden = (low @ weight.to(ctx.grad_dtype)).float() if ctx.needs_input_grad[0] else None
+        grad_weight = (low.T @ hidden).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        return grad_hidden, grad_weight, None
+
+
+def _head_logits(
+    head: torch.nn.Module, hidden: torch.Tensor, temperature: float, grad_dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """fp32 logits / temperature, dividing the hidden states (a few hundred wide) rather than the
-    logits (vocabulary wide) when the head is a plain bias-free projection."""
+    logits (vocabulary wide) when the head is a plain bias-free projection, whose backward then
+    runs in `grad_dtype` (the body's autocast dtype) when one is given."""
     weight = getattr(head, "weight", None)
     if isinstance(head, torch.nn.Linear) and head.bias is None and isinstance(weight, torch.Tensor):
-        return (hidden.float() / temperature) @ weight.float().T
+        scaled = hidden.float() / temperature
+        if grad_dtype is not None and grad_dtype != torch.float32 and torch.is_grad_enabled():
+            return _HeadProduct.apply(scaled, weight.float(), grad_dtype)
+        return scaled @ weight.float().T
     return head(hidden.float()) / temperature
 
 
@@ -123,7 +153,7 @@ def masked_token_logprobs(
             hidden, start = _hidden_states(body, mb)
         picked = hidden[:, :-1, :][mb.mask[:, start:]]  # [loss tokens, hidden], in `mb.mask` order
         with torch.autocast(device.type, enabled=False):
-            logits = _head_logits(head, picked, temperature)  # [loss tokens, vocab], fp32 master weights
+            logits = _head_logits(head, picked, temperature, autocast_dtype)  # [loss tokens, vocab], fp32
     logp = _scatter(token_logprobs(logits, mb.targets[mb.mask]), mb.mask)
     ent = _scatter(token_entropy(logits), mb.mask) if entropy else None
     return TokenLogprobs(logp, ent)
