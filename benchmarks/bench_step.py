@@ -18,9 +18,10 @@ runs in its own process (its peak RSS is that phase's), at 1 and 2 threads:
 The base revision (`--base`, default the commit before this work) runs this same script from a
 temporary git worktree with its own packages on PYTHONPATH. `--pairs N` runs each side's rollout and
 training phases N times, alternated in ABBA order, and takes each speed-up as the median of the
-per-pair ratios: this machine's speed drifts by 15-20% within minutes. `--step` also times whole GRPO steps at
-lag 0 and lag 1 through `rljob run --local` (this checkout only; minutes). Writes <out>.json and
-<out>.png and prints the JSON summary as its last line:
+per-pair ratios: this machine's speed drifts by 15-20% within minutes; `--phases rollout` re-measures
+the rollouts alone with more pairs. `--step` also times whole GRPO steps at lag 0 and lag 1 through
+`rljob run --local` (this checkout only; minutes). Writes <out>.json and <out>.png and prints the
+JSON summary as its last line:
   python benchmarks/bench_step.py --pairs 3 --step --out docs/results/step_speed
   python benchmarks/bench_step.py --quick     # tiny work, under a minute, no base, no step
 """
@@ -343,8 +344,11 @@ def plot(summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, kind, title in ((axes[0], "rollout", "generated tokens/s"), (axes[1], "train", "trained tokens/s")):
+    titles = {"rollout": "generated tokens/s", "train": "trained tokens/s"}
+    kinds = [kind for kind in titles if f"{kind}_{summary['threads'][0]}" in summary["head"]]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(5.5 * len(kinds), 4), squeeze=False)
+    for ax, kind in zip(axes[0], kinds, strict=True):
+        title = titles[kind]
         labels, base, head = [], [], []
         for threads in summary["threads"]:
             labels.append(f"{threads} thread{'s' if threads > 1 else ''}")
@@ -374,6 +378,9 @@ def main() -> None:
     parser.add_argument(
         "--pairs", type=int, default=1, help="runs of each side per phase, alternated; speed-ups are the median pair's"
     )
+    parser.add_argument(
+        "--phases", default="rollout,train", help="paired phases: rollout,train or rollout (to re-measure it alone)"
+    )
     parser.add_argument("--step", action="store_true", help="also time whole steps at lag 0 and 1 (rljob run)")
     parser.add_argument("--steps", type=int, default=4, help="GRPO steps per lag with --step")
     parser.add_argument("--step-warmup", type=int, default=24, help="warm-up demonstrations before the --step runs")
@@ -390,6 +397,9 @@ def main() -> None:
     if args.quick:
         args.questions, args.group_size, args.base, args.threads_list = 2, 2, "", "2"
     threads_list = [int(t) for t in args.threads_list.split(",")]
+    phases = args.phases.split(",")
+    if phases not in (["rollout"], ["rollout", "train"]):
+        parser.error("--phases is rollout,train or rollout (training trains on the rollouts' trajectories)")
     out = Path(args.out) if args.out else RESULTS / ("step_speed_quick" if args.quick else "step_speed")
     if args.only_step:
         summary = json.loads(out.with_suffix(".json").read_text())
@@ -423,7 +433,7 @@ def main() -> None:
         try:
             data = plain_sample(Path(tempfile.mkdtemp(dir=scratch))) if args.base else None
             for threads in threads_list:
-                for phase in ("rollout", "train"):
+                for phase in phases:
                     runs: dict[str, list[dict]] = {"head": [], "base": []}
                     for pair in range(args.pairs):
                         # ABBA order: a drift during the run weighs on both sides alike
@@ -461,29 +471,25 @@ def main() -> None:
     roof = head[f"roofline_{best}"]
     decode_roof = roof["gemm_decode_gflops_bf16"] * 1e9 / (roof["body_flops_per_token"] + roof["head_flops_per_token"])
     train_roof = roof["gemm_train_gflops_bf16"] * 1e9 / (3 * roof["body_flops_per_token"])
-    summary["rollout_tokens_per_s"] = head[f"rollout_{best}"]["tokens_per_s"]
-    summary["train_tokens_per_s"] = head[f"train_{best}"]["tokens_per_s"]
+    ceilings = {"rollout": decode_roof, "train": train_roof}
     summary["generate_speedup"] = (
         head[f"generate_{best}"]["engine_tokens_per_s"] / head[f"generate_{best}"]["generate_tokens_per_s"]
     )
-    summary["roofline_fraction"] = {
-        "rollout": summary["rollout_tokens_per_s"] / decode_roof,
-        "train": summary["train_tokens_per_s"] / train_roof,
-    }
+    summary["roofline_fraction"] = {}
+    for phase in phases:
+        summary[f"{phase}_tokens_per_s"] = head[f"{phase}_{best}"]["tokens_per_s"]
+        summary["roofline_fraction"][phase] = summary[f"{phase}_tokens_per_s"] / ceilings[phase]
     if base:
         summary["speedups_by_threads"] = {
-            t: {k: statistics.median(summary["pair_ratios"][str(t)][k]) for k in ("rollout", "train")}
-            for t in threads_list
+            t: {k: statistics.median(summary["pair_ratios"][str(t)][k]) for k in phases} for t in threads_list
         }
-        summary["rollout_speedup"] = summary["speedups_by_threads"][best]["rollout"]
-        summary["train_speedup"] = summary["speedups_by_threads"][best]["train"]
+        for phase in phases:
+            summary[f"{phase}_speedup"] = summary["speedups_by_threads"][best][phase]
     if args.step:
         summary["step_seconds_lag0"] = summary["step_lag0"]["step_seconds"]
         summary["step_seconds_lag1"] = summary["step_lag1"]["step_seconds"]
-    summary["peak_rss_mb"] = {
-        "rollout_worker": head[f"rollout_{best}"]["peak_rss_mb"],
-        "trainer": head[f"train_{best}"]["peak_rss_mb"],
-    }
+    process = {"rollout": "rollout_worker", "train": "trainer"}
+    summary["peak_rss_mb"] = {process[phase]: head[f"{phase}_{best}"]["peak_rss_mb"] for phase in phases}
     plot(summary, out.with_suffix(".png"))
     finish(out.name, summary, out.parent)
 
