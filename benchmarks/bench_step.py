@@ -348,7 +348,6 @@ def plot(summary: dict, path: Path) -> None:
     kinds = [kind for kind in titles if f"{kind}_{summary['threads'][0]}" in summary["head"]]
     fig, axes = plt.subplots(1, len(kinds), figsize=(5.5 * len(kinds), 4), squeeze=False)
     for ax, kind in zip(axes[0], kinds, strict=True):
-        title = titles[kind]
         labels, base, head = [], [], []
         for threads in summary["threads"]:
             labels.append(f"{threads} thread{'s' if threads > 1 else ''}")
@@ -361,7 +360,7 @@ def plot(summary: dict, path: Path) -> None:
             gen = [summary["head"][f"generate_{t}"]["generate_tokens_per_s"] for t in summary["threads"]]
             ax.scatter(list(xs), gen, color="black", zorder=3, label="model.generate (1 turn)")
         ax.set_xticks(list(xs), labels)
-        ax.set_title(title)
+        ax.set_title(titles[kind])
         ax.legend()
     fig.suptitle(f"GRPO step work, {summary['questions']} questions x {summary['group_size']} samples, SmolLM2-135M")
     fig.tight_layout()
