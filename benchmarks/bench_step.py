@@ -356,12 +356,24 @@ def plot(summary: dict, path: Path) -> None:
         xs = range(len(labels))
         ax.bar([x - 0.2 for x in xs], base, 0.4, label=f"before ({summary['base_revision']})")
         ax.bar([x + 0.2 for x in xs], head, 0.4, label="this checkout")
+        for x, threads in zip(xs, summary["threads"], strict=True):
+            top = head[x]
+            for side, offset in (("base", -0.2), ("head", 0.2)):
+                runs = summary[side].get(f"{kind}_{threads}", {}).get("runs_tokens_per_s", [])
+                ax.scatter([x + offset] * len(runs), runs, s=12, color="dimgray", zorder=3)
+                top = max([top, *runs])
+            ratio = summary.get("speedups_by_threads", {}).get(str(threads), {}).get(kind)
+            if ratio:
+                ax.annotate(
+                    f"{ratio:.2f}x", (x + 0.2, top), xytext=(0, 4), textcoords="offset points", ha="center", fontsize=9
+                )
         if kind == "rollout":
             gen = [summary["head"][f"generate_{t}"]["generate_tokens_per_s"] for t in summary["threads"]]
-            ax.scatter(list(xs), gen, color="black", zorder=3, label="model.generate (1 turn)")
+            ax.scatter(list(xs), gen, color="black", marker="D", zorder=3, label="model.generate (1 turn)")
         ax.set_xticks(list(xs), labels)
-        ax.set_title(titles[kind])
-        ax.legend()
+        ax.set_ylim(top=1.4 * max(head + base))  # room for the legend above the bars
+        ax.set_title(f"{titles[kind]} (dots: each run; label: median pair's ratio)", fontsize=10)
+        ax.legend(loc="upper left")
     fig.suptitle(f"GRPO step work, {summary['questions']} questions x {summary['group_size']} samples, SmolLM2-135M")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
