@@ -24,11 +24,13 @@ the rollouts alone with more pairs. `--step` also times whole GRPO steps at lag 
 JSON summary as its last line:
   python benchmarks/bench_step.py --pairs 3 --step --out docs/results/step_speed
   python benchmarks/bench_step.py --quick     # tiny work, under a minute, no base, no step
+  python benchmarks/bench_step.py --phase rollout --threads 2 --profile   # one phase, per operator
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import inspect
 import json
@@ -115,14 +117,36 @@ def phase_rollout(args) -> dict:
     retriever = Retriever(corpus)
     requests = _requests(args)
     generate_groups(engine, retriever, requests[:1], spec.model_copy(update={"max_turns": 1}))  # warm-up
+    profiler = _operator_profiler() if args.profile else contextlib.nullcontext()
     started = time.perf_counter()
-    groups = generate_groups(engine, retriever, requests, spec)
+    with profiler:
+        groups = generate_groups(engine, retriever, requests, spec)
     seconds = time.perf_counter() - started
     generated = sum(sum(t.loss_mask) for g in groups for t in g.trajectories)
     if args.save_groups:
         Path(args.save_groups).write_text(json.dumps([g.model_dump(mode="json") for g in groups]))
     dtype = str(next(engine.model.parameters()).dtype)
-    return {"seconds": seconds, "generated_tokens": generated, "tokens_per_s": generated / seconds, "dtype": dtype}
+    result = {"seconds": seconds, "generated_tokens": generated, "tokens_per_s": generated / seconds, "dtype": dtype}
+    if args.profile:
+        result["profile"] = operator_times(profiler, seconds)
+    return result
+
+
+def _operator_profiler():
+    import torch
+
+    return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+
+
+def operator_times(profiler, seconds: float, top: int = 8) -> dict:
+    """Operators' own time against the wall: what a second thread can divide, and what it cannot.
+
+    The profiler's own per-operator cost lands outside the operators, so `outside_operators_s`
+    is an upper bound on the Python and framework time between them."""
+    own = {e.key: e.self_cpu_time_total / 1e6 for e in profiler.key_averages()}
+    inside = sum(own.values())
+    ranked = sorted(own.items(), key=lambda item: -item[1])[:top]
+    return {"operators_s": inside, "outside_operators_s": seconds - inside, "top_operators_s": dict(ranked)}
 
 
 def phase_train(args) -> dict:
@@ -398,6 +422,9 @@ def main() -> None:
     parser.add_argument("--only-step", action="store_true", help="add --step figures to the existing --out JSON")
     parser.add_argument("--out", default=None, help="output path without suffix (default docs/results/step_speed)")
     parser.add_argument("--phase", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--profile", action="store_true", help="with --phase rollout: operators' own time under torch.profiler"
+    )
     parser.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--save-groups", help=argparse.SUPPRESS)
     parser.add_argument("--groups", help=argparse.SUPPRESS)
