@@ -378,8 +378,10 @@ def plot(summary: dict, path: Path) -> None:
             head.append(summary["head"][f"{kind}_{threads}"]["tokens_per_s"])
             base.append(summary["base"].get(f"{kind}_{threads}", {}).get("tokens_per_s", 0.0))
         xs = range(len(labels))
-        ax.bar([x - 0.2 for x in xs], base, 0.4, label=f"before ({summary['base_revision']})")
-        ax.bar([x + 0.2 for x in xs], head, 0.4, label="this checkout")
+        if summary["base_revision"]:
+            ax.bar([x - 0.2 for x in xs], base, 0.4, color="tab:blue", label=f"before ({summary['base_revision']})")
+        ax.bar([x + 0.2 for x in xs], head, 0.4, color="tab:orange", label="this checkout")
+        ax.set_xlim(-0.5, len(labels) - 0.5)
         for x, threads in zip(xs, summary["threads"], strict=True):
             top = head[x]
             for side, offset in (("base", -0.2), ("head", 0.2)):
