@@ -106,6 +106,8 @@ def _requests(args):
 
 
 def phase_rollout(args) -> dict:
+    import torch
+
     from rljob.agent.rollout import generate_groups
     from rljob.config import AgentSpec
     from rljob.data.hotpotqa import build_corpus, load_questions
@@ -117,9 +119,9 @@ def phase_rollout(args) -> dict:
     retriever = Retriever(corpus)
     requests = _requests(args)
     generate_groups(engine, retriever, requests[:1], spec.model_copy(update={"max_turns": 1}))  # warm-up
-    profiler = _operator_profiler() if args.profile else contextlib.nullcontext()
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if args.profile else None
     started = time.perf_counter()
-    with profiler:
+    with profiler or contextlib.nullcontext():
         groups = generate_groups(engine, retriever, requests, spec)
     seconds = time.perf_counter() - started
     generated = sum(sum(t.loss_mask) for g in groups for t in g.trajectories)
@@ -127,15 +129,9 @@ def phase_rollout(args) -> dict:
         Path(args.save_groups).write_text(json.dumps([g.model_dump(mode="json") for g in groups]))
     dtype = str(next(engine.model.parameters()).dtype)
     result = {"seconds": seconds, "generated_tokens": generated, "tokens_per_s": generated / seconds, "dtype": dtype}
-    if args.profile:
+    if profiler is not None:
         result["profile"] = operator_times(profiler, seconds)
     return result
-
-
-def _operator_profiler():
-    import torch
-
-    return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
 
 
 def operator_times(profiler, seconds: float, top: int = 8) -> dict:
@@ -431,6 +427,8 @@ def main() -> None:
     parser.add_argument("--save-groups", help=argparse.SUPPRESS)
     parser.add_argument("--groups", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.profile and args.phase != "rollout":
+        parser.error("--profile profiles one rollout phase: add --phase rollout --threads N")
     if args.phase:
         return phase_main(args)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` removes the base's worktree
